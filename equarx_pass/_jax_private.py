@@ -1,0 +1,49 @@
+"""Every private JAX/jaxlib API equarx-pass uses, in one place (see BUILD_NOTES.md).
+
+A JAX upgrade that moves one of these touches only this file.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from jax.extend.mlir import ir
+
+
+def make_ir_context() -> ir.Context:
+  """An MLIR context with the dialects JAX uses (stablehlo, func, sdy, chlo, mhlo).
+
+  Private: jax._src.interpreters.mlir.make_ir_context.  A bare ir.Context() has
+  no dialects registered, and jax.extend exposes no factory.
+  """
+  from jax._src.interpreters import mlir as jax_mlir
+  return jax_mlir.make_ir_context()
+
+
+def hlo_text_to_proto(text: str) -> bytes:
+  """Parse XLA HLO text; return the serialized HloModuleProto.
+
+  Private: jaxlib._hlo.hlo_module_from_text.  Raises jax.errors.JaxRuntimeError
+  with "was parsing L:C: error: ..." on a syntax error.
+  """
+  from jaxlib import _hlo
+  return _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
+
+
+def lowered_with_module(lowered, module: ir.Module):
+  """A new jax.stages.Lowered that compiles `module` instead of lowered's own.
+
+  Private: jax.stages.Lowered._lowering (a pxla.MeshComputation) and its `_hlo`
+  and `_executable` fields.  The lowering object is copied, never mutated:
+  `jitted.lower()` may hand back a cached lowering that already holds an
+  executable, and mutating it would silently run the old program.
+  """
+  from jax import stages
+  old = lowered._lowering
+  new = copy.copy(old)
+  new._hlo = module
+  new._executable = None
+  new.compile_args = dict(old.compile_args)
+  return stages.Lowered(new, lowered.args_info, lowered.out_tree,
+                        no_kwargs=lowered._no_kwargs, in_types=lowered._in_types,
+                        out_types=lowered._out_types)

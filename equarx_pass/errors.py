@@ -1,0 +1,38 @@
+"""One error hierarchy for the whole pass; every message says what to do."""
+
+
+class EquarxError(Exception):
+  """Base class of every error equarx-pass raises on purpose."""
+
+
+class FlagError(EquarxError, ValueError):
+  """An unknown, malformed or out-of-range --equarx_* flag or Policy field."""
+
+
+class ParseError(EquarxError):
+  """Input that is not a StableHLO module or XLA HLO text.
+
+  `path`, `line` and `column` are set where they are known (1-based).
+  """
+
+  def __init__(self, message: str, path: str | None = None,
+               line: int | None = None, column: int | None = None):
+    self.path, self.line, self.column = path, line, column
+    where = path or "<input>"
+    if line is not None:
+      where += f":{line}"
+      if column is not None:
+        where += f":{column}"
+    super().__init__(f"{where}: {message}")
+
+
+class RewriteError(EquarxError):
+  """A selected all-reduce could not be rewritten; the module is left as it was."""
+
+
+class VerifyError(EquarxError):
+  """The rewritten module failed verification; it is discarded, never returned."""
+
+
+class CompileError(EquarxError):
+  """XLA refused to compile the rewritten module."""

@@ -1,0 +1,229 @@
+"""match: which stablehlo.all_reduce ops the policy selects, and why the others are skipped.
+
+Matching is a pure predicate over (op, module facts, policy): it returns a
+`Candidate` for an op to rewrite or a `Skip` with the reason, and never touches
+the IR.  `find_all_reduces` collects every all-reduce first (nested regions
+included: while bodies, case branches, private functions, sdy.manual_computation),
+so nothing is mutated while the module is walked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Union
+
+import numpy as np
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo
+
+from equarx_pass import ring
+from equarx_pass.policy import DTYPE_BYTES, Policy
+
+ALL_REDUCE = "stablehlo.all_reduce"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModuleFacts:
+  """What a site's meaning depends on beyond the op itself."""
+  num_partitions: int
+  num_replicas: int
+
+
+def module_facts(module: ir.Module) -> ModuleFacts:
+  attrs = module.operation.attributes
+
+  def get(name):
+    return ir.IntegerAttr(attrs[name]).value if name in attrs else 1
+  return ModuleFacts(get("mhlo.num_partitions"), get("mhlo.num_replicas"))
+
+
+def walk(op: ir.Operation):
+  """Every operation nested under `op` (pre-order), `op` excluded."""
+  for region in op.regions:
+    for block in region.blocks:
+      for child in block.operations:
+        yield child.operation
+        yield from walk(child.operation)
+
+
+def find_all_reduces(module: ir.Module) -> list[ir.Operation]:
+  return [op for op in walk(module.operation) if op.name == ALL_REDUCE]
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+  shape: tuple[int, ...]
+  dtype: str              # MLIR element type spelling: bf16, f16, f32, i32, ...
+
+  @property
+  def size(self) -> int:
+    return int(np.prod(self.shape, dtype=np.int64))
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+  """An all-reduce as found: what every record starts from."""
+  index: int
+  location: str
+  operands: tuple[Operand, ...]
+  groups: tuple[tuple[int, ...], ...] | None   # None when the group form is unsupported
+  device_kind: str                             # "partition" or "replica"
+  num_devices: int
+
+  @property
+  def nbytes(self) -> int:
+    return sum(o.size * DTYPE_BYTES.get(o.dtype, _bytes_of(o.dtype)) for o in self.operands)
+
+  @property
+  def group_size(self) -> int:
+    return len(self.groups[0]) if self.groups else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+  site: Site
+  op: ir.Operation
+  layout: ring.ChunkLayout
+  schedule: ring.RingSchedule
+
+
+@dataclasses.dataclass(frozen=True)
+class Skip:
+  site: Site
+  reason: str
+
+
+Decision = Union[Candidate, Skip]
+
+
+def _bytes_of(dtype: str) -> int:
+  digits = "".join(ch for ch in dtype if ch.isdigit())
+  return max(1, int(digits) // 8) if digits else 4
+
+
+def _location(op: ir.Operation) -> str:
+  text = str(op.location)
+  return text[4:-1] if text.startswith("loc(") and text.endswith(")") else text
+
+
+def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, str | None]:
+  """The Site for an all-reduce, and why its replica groups are unusable (or None)."""
+  operands = []
+  for value in op.operands:
+    t = value.type if isinstance(value.type, ir.RankedTensorType) else None
+    if t is None or not t.has_static_shape:
+      operands.append(Operand((), str(value.type)))
+    else:
+      operands.append(Operand(tuple(t.shape), str(t.element_type)))
+  attrs = op.attributes
+  has_channel = "channel_handle" in attrs
+  global_ids = "use_global_device_ids" in attrs
+  problem = None
+  if has_channel and global_ids:
+    # Groups hold global ids = replica * num_partitions + partition.
+    kind, num_devices = "partition", facts.num_partitions * facts.num_replicas
+    if facts.num_replicas != 1:
+      problem = "global device ids with several replicas (a permute addresses one dimension only)"
+  elif has_channel:
+    kind, num_devices = "partition", facts.num_partitions
+    if facts.num_replicas != 1:
+      problem = "cross-replica-and-partition groups with several replicas"
+  else:
+    kind, num_devices = "replica", facts.num_replicas
+  groups, group_problem = _replica_groups(attrs["replica_groups"], num_devices)
+  if has_channel and not global_ids and problem is None:
+    groups = (tuple(range(num_devices)),)   # num_replicas == 1: all partitions, one group
+  site = Site(index, _location(op), tuple(operands), groups, kind, num_devices)
+  return site, problem or group_problem
+
+
+def _replica_groups(attr: ir.Attribute, num_devices: int):
+  if not isinstance(attr, ir.DenseIntElementsAttr):
+    return None, f"replica groups in a form the pass does not expand ({attr})"
+  dense = attr
+  shape = tuple(ir.ShapedType(dense.type).shape)
+  values = [int(v) for v in dense]
+  if not values:
+    return (tuple(range(num_devices)),), None  # empty: one group of every device
+  rows = np.array(values, np.int64).reshape(shape)
+  groups = tuple(tuple(int(v) for v in row if v >= 0) for row in rows)
+  try:
+    ring.make_schedule(groups)
+  except ValueError as e:
+    return None, f"unusable replica groups: {e}"
+  if max(max(g) for g in groups) >= num_devices:
+    return None, f"replica groups name device ids >= the {num_devices} devices of the module"
+  return groups, None
+
+
+def _reduction_is_add(op: ir.Operation) -> bool:
+  """The region is `return add(a_i, b_i)` for each operand i."""
+  block = op.regions[0].blocks[0]
+  n = len(op.operands)
+  body = [o.operation for o in block.operations]
+  if len(body) != n + 1 or body[-1].name != "stablehlo.return":
+    return False
+  args = list(block.arguments)
+  for i, add in enumerate(body[:-1]):
+    if add.name != "stablehlo.add":
+      return False
+    pair = {v.arg_number if isinstance(v, ir.BlockArgument) else -1
+            for v in add.operands}
+    if pair != {i, i + n} or len(args) != 2 * n:
+      return False
+  returned = list(body[-1].operands)
+  return all(returned[i] == body[i].result for i in range(n))
+
+
+# Each check: (site, op, policy) -> reason to skip, or None.  First hit wins.
+def _check_supported_groups(site, op, policy, problem):
+  return problem
+
+
+def _check_reduction(site, op, policy, problem):
+  if not _reduction_is_add(op):
+    return "reduction is not add (only sums are quantized)"
+
+
+def _check_types(site, op, policy, problem):
+  for o in site.operands:
+    if o.dtype not in policy.dtypes:
+      return f"element type {o.dtype} not in --equarx_dtypes={','.join(policy.dtypes)}"
+    if not o.shape and o.dtype.startswith("tensor"):
+      return "dynamic shape"
+
+
+def _check_size(site, op, policy, problem):
+  if site.nbytes < policy.min_bytes:
+    return f"{site.nbytes} bytes < --equarx_min_bytes={policy.min_bytes}"
+  if policy.max_bytes and site.nbytes > policy.max_bytes:
+    return f"{site.nbytes} bytes > --equarx_max_bytes={policy.max_bytes}"
+
+
+def _check_group_size(site, op, policy, problem):
+  if site.group_size < 2:
+    return "group of one device: nothing to reduce"
+
+
+CHECKS: list[Callable] = [_check_supported_groups, _check_reduction, _check_types,
+                          _check_size, _check_group_size]
+
+
+def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> Decision:
+  site, problem = describe(op, index, facts)
+  for check in CHECKS:
+    reason = check(site, op, policy, problem)
+    if reason:
+      return Skip(site, reason)
+  total = sum(o.size for o in site.operands)
+  layout = ring.chunk_layout(total, site.group_size, policy.block_size)
+  return Candidate(site, op, layout, ring.make_schedule(site.groups))
+
+
+def max_channel_handle(module: ir.Module) -> int:
+  """Largest channel handle in use, so new collectives get fresh ones."""
+  top = 0
+  for op in walk(module.operation):
+    if "channel_handle" in op.attributes:
+      top = max(top, stablehlo.ChannelHandle(op.attributes["channel_handle"]).handle)
+  return top

@@ -1,0 +1,170 @@
+"""Which all-reduces to rewrite, and how: one frozen Policy, built from Python or flags.
+
+Flags use XLA_FLAGS syntax: `--equarx_enable --equarx_min_bytes=65536`.  Process
+defaults come from the EQUARX_FLAGS environment variable; a `flags=` string on
+one function is applied on top of them.  Every flag is declared once, in FLAGS.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shlex
+from typing import Any, Callable
+
+from equarx_pass.errors import FlagError
+
+ENV_VAR = "EQUARX_FLAGS"
+DTYPES = ("bf16", "f16", "f32")
+FORMATS = ("int8",)
+# Bytes per element of each selectable element type (MLIR spelling).
+DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+  """What the pass selects and what it emits.  Nothing is rewritten unless `enable`."""
+  enable: bool = False
+  min_bytes: int = 65536        # skip all-reduces smaller than this (total operand bytes)
+  max_bytes: int = 0            # skip larger ones; 0 = no upper bound
+  dtypes: tuple[str, ...] = DTYPES
+  block_size: int = 1024        # values per f32 scale
+  format: str = "int8"
+  report: bool = False          # print the site table after each rewrite
+  compile_for: str = ""         # e.g. "tpu:v5e:2x2": also compile for that topology
+
+  def __post_init__(self):
+    if self.min_bytes < 0:
+      raise FlagError(f"--equarx_min_bytes must be >= 0, got {self.min_bytes}")
+    if self.max_bytes < 0:
+      raise FlagError(f"--equarx_max_bytes must be >= 0 (0 = no bound), got {self.max_bytes}")
+    if not 1 <= self.block_size <= 1 << 20:
+      raise FlagError(f"--equarx_block_size must be in [1, 1048576], got {self.block_size}")
+    bad = [d for d in self.dtypes if d not in DTYPES]
+    if bad or not self.dtypes:
+      raise FlagError(f"--equarx_dtypes takes a comma list of {','.join(DTYPES)}, got {self.dtypes}")
+    if self.format not in FORMATS:
+      raise FlagError(f"--equarx_format must be one of {','.join(FORMATS)}, got {self.format!r}")
+    if self.compile_for:
+      parse_compile_target(self.compile_for)
+
+  @classmethod
+  def from_flags(cls, flags: str | None, base: Policy | None = None) -> Policy:
+    """`base` (default: Policy()) with the flags in `flags` applied in order."""
+    return apply_flags(base or cls(), flags or "")
+
+  @classmethod
+  def from_env(cls, environ=None) -> Policy:
+    """Process defaults: Policy() with $EQUARX_FLAGS applied."""
+    environ = os.environ if environ is None else environ
+    return cls.from_flags(environ.get(ENV_VAR, ""))
+
+  def replace(self, **changes) -> Policy:
+    return dataclasses.replace(self, **changes)
+
+  def to_flags(self) -> str:
+    """The flag string that rebuilds this policy from Policy()."""
+    default = Policy()
+    out = []
+    for flag in FLAGS.values():
+      value = getattr(self, flag.field)
+      if value != getattr(default, flag.field):
+        out.append(flag.format(value))
+    return " ".join(out)
+
+
+def parse_compile_target(spec: str) -> tuple[str, str]:
+  """'tpu:v5e:2x2' -> ('tpu', 'v5e:2x2')."""
+  platform, _, topology = spec.partition(":")
+  if platform != "tpu" or not topology:
+    raise FlagError(f"--equarx_compile_for takes tpu:TOPOLOGY (e.g. tpu:v5e:2x2), got {spec!r}")
+  return platform, topology
+
+
+# --- flag declarations -------------------------------------------------------
+
+def _parse_bool(name: str, text: str | None) -> bool:
+  if text is None:
+    return True
+  low = text.lower()
+  if low in ("1", "true", "yes"):
+    return True
+  if low in ("0", "false", "no"):
+    return False
+  raise FlagError(f"--{name} takes true or false, got {text!r}")
+
+
+def _parse_int(name: str, text: str | None) -> int:
+  if text is None:
+    raise FlagError(f"--{name} needs a value: --{name}=N")
+  try:
+    return int(text.replace("_", ""), 0)
+  except ValueError:
+    raise FlagError(f"--{name} takes an integer, got {text!r}") from None
+
+
+def _parse_dtypes(name: str, text: str | None) -> tuple[str, ...]:
+  if text is None:
+    raise FlagError(f"--{name} needs a value, e.g. --{name}=bf16,f32")
+  return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
+def _parse_str(name: str, text: str | None) -> str:
+  if text is None:
+    raise FlagError(f"--{name} needs a value: --{name}=VALUE")
+  return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+  name: str                                   # without the leading --
+  field: str                                  # Policy field it sets
+  parse: Callable[[str, str | None], Any]
+  help: str
+
+  def format(self, value) -> str:
+    if isinstance(value, bool):
+      return f"--{self.name}" if value else f"--no{self.name}"
+    if isinstance(value, tuple):
+      value = ",".join(value)
+    return f"--{self.name}={value}"
+
+
+FLAGS = {f.name: f for f in [
+    Flag("equarx_enable", "enable", _parse_bool, "rewrite matching all-reduces (default off)"),
+    Flag("equarx_min_bytes", "min_bytes", _parse_int, "skip all-reduces with fewer operand bytes"),
+    Flag("equarx_max_bytes", "max_bytes", _parse_int, "skip all-reduces with more operand bytes (0: no bound)"),
+    Flag("equarx_dtypes", "dtypes", _parse_dtypes, "element types to rewrite, comma list of bf16,f16,f32"),
+    Flag("equarx_block_size", "block_size", _parse_int, "values per f32 scale"),
+    Flag("equarx_format", "format", _parse_str, "wire format: int8"),
+    Flag("equarx_report", "report", _parse_bool, "print the site table after each rewrite"),
+    Flag("equarx_compile_for", "compile_for", _parse_str, "also compile for tpu:TOPOLOGY ahead of time"),
+]}
+
+
+def apply_flags(policy: Policy, flags: str) -> Policy:
+  """Apply an XLA_FLAGS-style string to `policy`; later flags win."""
+  try:
+    tokens = shlex.split(flags)
+  except ValueError as e:
+    raise FlagError(f"cannot split flag string {flags!r}: {e}") from None
+  changes = {}
+  for token in tokens:
+    if not token.startswith("--"):
+      raise FlagError(f"expected --equarx_NAME[=VALUE], got {token!r}")
+    name, eq, value = token[2:].partition("=")
+    text = value if eq else None
+    negated = name.startswith("noequarx_") and name[2:] in FLAGS
+    if negated:
+      name = name[2:]
+    flag = FLAGS.get(name)
+    if flag is None:
+      known = ", ".join("--" + n for n in FLAGS)
+      raise FlagError(f"unknown flag --{name}; known flags: {known}")
+    if negated:
+      if flag.parse is not _parse_bool or eq:
+        raise FlagError(f"--no{name} is only for boolean flags, without a value")
+      changes[flag.field] = False
+    else:
+      changes[flag.field] = flag.parse(name, text)
+  return dataclasses.replace(policy, **changes)

@@ -1,0 +1,123 @@
+"""rewrite + verify: replace every selected all-reduce, on a copy, and check the result.
+
+`rewrite_module` never mutates its input.  It copies the module, matches every
+all-reduce (match.py), emits the quantized ring for each candidate (build.py),
+verifies the copy, and returns it with one SiteRecord per all-reduce.  Any
+failure raises and the half-rewritten copy is dropped, so a caller only ever
+sees the original module or a complete, verified rewrite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from jax.extend.mlir import ir
+
+from equarx_pass import build, match, ring
+from equarx_pass.errors import RewriteError, VerifyError
+from equarx_pass.policy import DTYPE_BYTES, Policy
+
+
+@dataclasses.dataclass(frozen=True)
+class SiteRecord:
+  """What happened to one all-reduce; the report and the CLI print these."""
+  index: int
+  location: str
+  shapes: tuple[tuple[int, ...], ...]
+  dtypes: tuple[str, ...]
+  group_size: int
+  num_groups: int
+  decision: str           # "rewritten" or "skipped"
+  reason: str             # why skipped, or the scheme used
+  bytes_before: int       # bytes one rank sends: ring all-reduce in the original dtype
+  bytes_after: int        # bytes one rank sends after the rewrite (= before when skipped)
+
+  @property
+  def rewritten(self) -> bool:
+    return self.decision == "rewritten"
+
+
+@dataclasses.dataclass
+class RewriteResult:
+  module: ir.Module
+  records: list[SiteRecord]
+  seconds: float
+
+  @property
+  def modified(self) -> bool:
+    return any(r.rewritten for r in self.records)
+
+
+def _ring_bytes_before(site: match.Site) -> int:
+  """Bytes per rank of an unquantized ring all-reduce of the site's operands."""
+  n = max(site.group_size, 1)
+  total = 0
+  for o in site.operands:
+    per_chunk = -(-o.size // n)
+    total += 2 * (n - 1) * per_chunk * DTYPE_BYTES.get(o.dtype, match._bytes_of(o.dtype))
+  return total
+
+
+def _record(decision: match.Decision, scheme: str = "") -> SiteRecord:
+  site = decision.site
+  before = _ring_bytes_before(site)
+  if isinstance(decision, match.Candidate):
+    after = ring.ring_wire_bytes(decision.layout, 0).after
+    verdict, reason = "rewritten", scheme
+  else:
+    after, verdict, reason = before, "skipped", decision.reason
+  return SiteRecord(site.index, site.location, tuple(o.shape for o in site.operands),
+                    tuple(o.dtype for o in site.operands), site.group_size,
+                    len(site.groups or ()), verdict, reason, before, after)
+
+
+def copy_module(module: ir.Module) -> ir.Module:
+  """A deep copy in the same context (the original stays as it was)."""
+  return ir.Module.parse(module.operation.get_asm(binary=True), context=module.context)
+
+
+def rewrite_module(module: ir.Module, policy: Policy) -> RewriteResult:
+  """Rewrite the all-reduces of a copy of `module` that `policy` selects."""
+  start = time.perf_counter()
+  out = copy_module(module)
+  facts = match.module_facts(out)
+  ops = match.find_all_reduces(out)
+  decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
+  scheme = f"{policy.format} ring, block {policy.block_size}"
+  records = [_record(d, scheme) for d in decisions]
+  candidates = [d for d in decisions if isinstance(d, match.Candidate)]
+  if candidates:
+    channels = build.ChannelAllocator(match.max_channel_handle(out))
+    with out.context:
+      for cand in candidates:
+        _replace(cand, channels)
+    verify(out)
+  return RewriteResult(out, records, time.perf_counter() - start)
+
+
+def _replace(cand: match.Candidate, channels: build.ChannelAllocator) -> None:
+  op = cand.op
+  plan = build.RingPlan(cand.layout, cand.schedule, cand.site.device_kind,
+                        cand.site.num_devices)
+  try:
+    with op.location, ir.InsertionPoint(op):
+      new_values = build.emit_ring_allreduce(list(op.operands), plan, channels)
+  except Exception as e:
+    raise RewriteError(
+        f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit the "
+        f"quantized ring ({type(e).__name__}: {e}); rerun without --equarx_enable "
+        f"or exclude it with --equarx_max_bytes/--equarx_dtypes") from e
+  for old, new in zip(op.results, new_values):
+    old.replace_all_uses_with(new)
+  op.erase()
+
+
+def verify(module: ir.Module) -> None:
+  """MLIR verification plus the pass's own post-conditions."""
+  try:
+    ok = module.operation.verify()
+  except ir.MLIRError as e:
+    raise VerifyError(f"rewritten module failed verification: {e}") from e
+  if not ok:
+    raise VerifyError("rewritten module failed verification")
