@@ -1,0 +1,22 @@
+"""equarx-pass: quantized (EQuARX) all-reduce for JAX programs, as a StableHLO pass.
+
+    import equarx_pass
+    step = equarx_pass.jit(step_fn, flags="--equarx_enable")
+
+The flow, one module each: parse -> match -> rewrite (build) -> verify -> compile.
+The collective algorithm and its NumPy model are in ring.py and quantize.py.
+"""
+
+from equarx_pass.errors import (CompileError, EquarxError, FlagError, ParseError,
+                                RewriteError, VerifyError)
+from equarx_pass.jit import Jitted, Report, jit
+from equarx_pass.parse import parse_bytes, parse_file
+from equarx_pass.policy import Policy
+from equarx_pass.rewrite import RewriteResult, SiteRecord, rewrite_module
+from equarx_pass.transform import transform_file, transform_text
+
+__all__ = [
+    "CompileError", "EquarxError", "FlagError", "ParseError", "RewriteError", "VerifyError",
+    "Jitted", "Report", "jit", "parse_bytes", "parse_file", "Policy", "RewriteResult",
+    "SiteRecord", "rewrite_module", "transform_file", "transform_text",
+]

@@ -47,3 +47,12 @@ def lowered_with_module(lowered, module: ir.Module):
   return stages.Lowered(new, lowered.args_info, lowered.out_tree,
                         no_kwargs=lowered._no_kwargs, in_types=lowered._in_types,
                         out_types=lowered._out_types)
+
+
+def device_list(devices):
+  """xla_client.DeviceList of `devices`, what a PjRt client's compile() takes.
+
+  Private: jax._src.lib.xla_client.DeviceList (jax.extend has no alias).
+  """
+  from jax._src.lib import xla_client
+  return xla_client.DeviceList(tuple(devices))

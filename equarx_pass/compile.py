@@ -1,0 +1,135 @@
+"""compile: the last stage.  Ahead-of-time compiles of a (rewritten) module for TPU.
+
+No TPU is needed: libtpu (the jax[tpu] extra) gives compile-only devices for a
+named topology (e.g. v5e:2x2, v4:2x2x1), and their client compiles a StableHLO
+module into a real TPU executable.  libtpu can abort the whole process on a
+module it dislikes instead of raising, so the compile runs in a child process
+(`python -m equarx_pass.compile TARGET < module.mlir`) and a crash becomes a
+CompileError.  Compiling for the CPU/GPU the program runs on happens in jit.py,
+through JAX's own Lowered.compile().
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+from equarx_pass.errors import CompileError
+from equarx_pass.policy import parse_compile_target
+
+COMPILE_TIMEOUT_S = 600
+
+
+@dataclasses.dataclass
+class TopologyCompile:
+  """What the TPU compiler made of a module."""
+  target: str
+  seconds: float                 # compile time inside the child, excluding start-up
+  num_devices: int
+  quantized_permutes: int        # collective-permute(-start)s that move s8 data
+  permutes: int                  # all collective-permute(-start)s
+  all_reduces: int               # all-reduce(-start)s left in the TPU program
+  cost: dict                     # the TPU compiler's cost_analysis(), as given
+  hlo_text: str = dataclasses.field(repr=False, default="")
+
+  def summary(self) -> str:
+    return (f"compiled for {self.target} in {self.seconds:.2f} s: {self.num_devices} devices, "
+            f"{self.quantized_permutes} s8 collective-permutes of {self.permutes}, "
+            f"{self.all_reduces} all-reduces left")
+
+
+def compile_for_target(module_text: str, target: str,
+                       timeout: float = COMPILE_TIMEOUT_S) -> TopologyCompile:
+  """Compile `module_text` for `target` ('tpu:v5e:2x2') in a child process."""
+  parse_compile_target(target)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1")
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  try:
+    proc = subprocess.run([sys.executable, "-m", "equarx_pass.compile", target],
+                          input=module_text.encode(), capture_output=True,
+                          timeout=timeout, env=env)
+  except subprocess.TimeoutExpired:
+    raise CompileError(f"compiling for {target} took longer than {timeout:.0f} s") from None
+  lines = proc.stdout.decode(errors="replace").strip().splitlines()
+  if proc.returncode != 0 or not lines:
+    err = proc.stderr.decode(errors="replace").strip().splitlines()
+    tail = " | ".join(line for line in err if "error" in line.lower())[-800:] or \
+        " | ".join(err[-3:])
+    how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
+           else f"exit code {proc.returncode}")
+    raise CompileError(f"compiling for {target} failed ({how}): {tail}")
+  data = json.loads(lines[-1])
+  if "error" in data:
+    raise CompileError(f"compiling for {target} failed: {data['error']}")
+  return TopologyCompile(**data)
+
+
+def _count_ops(hlo_text: str) -> dict:
+  """Collective instructions of an HLO module text, by what they move."""
+  permutes = quantized = all_reduces = 0
+  for line in hlo_text.splitlines():
+    _, eq, rhs = line.partition(" = ")
+    if not eq:
+      continue
+    if " collective-permute-start(" in rhs or " collective-permute(" in rhs:
+      permutes += 1
+      quantized += rhs.lstrip("(").startswith("s8[")
+    elif " all-reduce(" in rhs or " all-reduce-start(" in rhs:
+      all_reduces += 1
+  return {"permutes": permutes, "quantized_permutes": quantized, "all_reduces": all_reduces}
+
+
+def _compile_in_this_process(module_text: str, target: str) -> dict:
+  import numpy as np
+  from jax.experimental import topologies
+  from jax.extend import backend as jax_backend
+  from jax.extend.mlir import ir
+
+  from equarx_pass import _jax_private, match
+
+  _, topology = parse_compile_target(target)
+  devices = topologies.get_topology_desc(topology, "tpu").devices
+  context = _jax_private.make_ir_context()
+  module = ir.Module.parse(module_text, context=context)
+  facts = match.module_facts(module)
+  needed = facts.num_partitions * facts.num_replicas
+  if needed != len(devices):
+    return {"error": f"the module runs on {needed} devices ({facts.num_replicas} replicas x "
+                     f"{facts.num_partitions} partitions) but {topology} has {len(devices)}"}
+  assignment = np.array([d.id for d in devices]).reshape(facts.num_replicas,
+                                                         facts.num_partitions)
+  options = jax_backend.get_compile_options(num_replicas=facts.num_replicas,
+                                            num_partitions=facts.num_partitions,
+                                            device_assignment=assignment)
+  client = devices[0].client
+  start = time.perf_counter()
+  executable = client.compile(module, executable_devices=_jax_private.device_list(devices),
+                              compile_options=options)
+  seconds = time.perf_counter() - start
+  hlo_text = "\n".join(m.to_string() for m in executable.hlo_modules())
+  cost = executable.cost_analysis() if hasattr(executable, "cost_analysis") else {}
+  if isinstance(cost, list):
+    cost = cost[0] if cost else {}
+  cost = {k: float(v) for k, v in dict(cost).items()}
+  return dict(target=target, seconds=seconds, num_devices=len(devices), cost=cost,
+              hlo_text=hlo_text, **_count_ops(hlo_text))
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) != 2:
+    print(json.dumps({"error": "usage: python -m equarx_pass.compile tpu:TOPOLOGY < module"}))
+    return 2
+  try:
+    result = _compile_in_this_process(sys.stdin.read(), argv[1])
+  except Exception as e:  # reported to the parent, which raises CompileError
+    result = {"error": f"{type(e).__name__}: {str(e).strip()[:2000]}"}
+  sys.stdout.write("\n" + json.dumps(result) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))

@@ -1,0 +1,165 @@
+"""equarx_pass.jit: a drop-in for jax.jit that quantizes the program's all-reduces.
+
+    step = equarx_pass.jit(step_fn, flags="--equarx_enable --equarx_min_bytes=65536")
+    out = step(params, x)             # runs the rewritten program
+    step.lower(params, x).compile()   # AOT stages, like jax.jit's
+
+Per input signature: lower with jax.jit -> rewrite the StableHLO (rewrite.py) ->
+compile the rewritten module with the original lowering's shardings, donation
+and layouts (via a copy of the Lowered stage) -> cache.  When the policy is not
+enabled, calls go straight to the jax.jit object: it *is* jax.jit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from equarx_pass import _jax_private, report
+from equarx_pass.policy import Policy
+from equarx_pass.rewrite import RewriteResult, SiteRecord, rewrite_module
+
+
+def resolve_policy(policy: Policy | None = None, flags: str | None = None) -> Policy:
+  """`policy` (default: from $EQUARX_FLAGS) with `flags` applied on top."""
+  base = policy if policy is not None else Policy.from_env()
+  return Policy.from_flags(flags, base=base) if flags else base
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweringReport:
+  """The sites of one lowering (one input signature) of a wrapped function."""
+  signature: str
+  records: tuple[SiteRecord, ...]
+  pass_seconds: float
+
+
+class Report:
+  """Every all-reduce site the wrapped function's lowerings contained."""
+
+  def __init__(self):
+    self.lowerings: list[LoweringReport] = []
+
+  @property
+  def records(self) -> list[SiteRecord]:
+    return [r for low in self.lowerings for r in low.records]
+
+  def __len__(self):
+    return len(self.records)
+
+  def __str__(self):
+    if not self.lowerings:
+      return "no lowering yet: call the function or its .lower() first"
+    return "\n\n".join(report.format_table(low.records, f"{low.signature} "
+                                           f"(pass {low.pass_seconds * 1e3:.1f} ms)")
+                       for low in self.lowerings)
+
+
+def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[set[int], set[str]]:
+  """static_argnums and static_argnames completed from each other, as jax.jit does."""
+  nums = jit_kwargs.get("static_argnums", ()) or ()
+  names = jit_kwargs.get("static_argnames", ()) or ()
+  nums = {nums} if isinstance(nums, int) else set(nums)
+  names = {names} if isinstance(names, str) else set(names)
+  try:
+    params = list(inspect.signature(fun).parameters.values())
+  except (TypeError, ValueError):
+    return nums, names
+  positional = [p.name for p in params
+                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  for i, name in enumerate(positional):
+    if name in names:
+      nums.add(i)
+    if i in nums or (i - len(positional)) in nums:
+      names.add(name)
+  return nums, names
+
+
+def _leaf_key(x) -> Any:
+  """What a dynamic argument contributes to the cache key: its abstract value."""
+  if hasattr(x, "shape") and hasattr(x, "dtype"):
+    sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
+    return (tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)), sharding)
+  return (type(x).__name__,)   # Python scalars: one trace per type, as jax.jit does
+
+
+class Jitted:
+  """The object equarx_pass.jit returns; behaves as the jax.jit object it wraps."""
+
+  def __init__(self, fun: Callable, policy: Policy, jit_kwargs: dict):
+    self._fun = fun
+    self._jitted = jax.jit(fun, **jit_kwargs)
+    self.policy = policy
+    self.report = Report()
+    self._static_nums, self._static_names = _static_positions(fun, jit_kwargs)
+    self._cache: dict[Any, Any] = {}
+    # updated=(): copying fun.__dict__ would let a wrapped pmap shadow our own fields.
+    functools.update_wrapper(self, fun, updated=())
+
+  def _split(self, args, kwargs):
+    """(dynamic args, dynamic kwargs, cache key)."""
+    n = len(args)
+    static = {i % n for i in self._static_nums if -n <= i < n} if n else set()
+    dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
+    dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
+    static_part = (tuple((i, args[i]) for i in sorted(static)),
+                   tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names)))
+    leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+    key = (static_part, tree, tuple(_leaf_key(x) for x in leaves))
+    return dyn_args, dyn_kwargs, key
+
+  def __call__(self, *args, **kwargs):
+    if not self.policy.enable:
+      return self._jitted(*args, **kwargs)
+    dyn_args, dyn_kwargs, key = self._split(args, kwargs)
+    compiled = self._cache.get(key)
+    if compiled is None:
+      compiled = self.lower(*args, **kwargs).compile()
+      self._cache[key] = compiled
+    return compiled(*dyn_args, **dyn_kwargs)
+
+  def lower(self, *args, **kwargs):
+    """jax.jit's lower(), then the rewrite: a jax.stages.Lowered of the new module."""
+    lowered = self._jitted.lower(*args, **kwargs)
+    if not self.policy.enable:
+      return lowered
+    result = rewrite_module(lowered.compiler_ir("stablehlo"), self.policy)
+    self._record(result, args, kwargs)
+    if not result.modified:
+      return lowered
+    return _jax_private.lowered_with_module(lowered, result.module)
+
+  def _record(self, result: RewriteResult, args, kwargs) -> None:
+    leaves = jax.tree_util.tree_leaves((args, kwargs))
+    sig = ", ".join(f"{np.dtype(x.dtype).name}{list(x.shape)}" for x in leaves
+                    if hasattr(x, "shape"))
+    name = getattr(self._fun, "__name__", "fun")
+    low = LoweringReport(f"{name}({sig})", tuple(result.records), result.seconds)
+    self.report.lowerings.append(low)
+    if self.policy.report:
+      print(report.format_table(low.records, f"equarx-pass: {low.signature}"), file=sys.stderr)
+
+  def __getattr__(self, name):
+    # trace, eval_shape, clear_cache, ...: the jax.jit object's own.
+    return getattr(self._jitted, name)
+
+
+def jit(fun: Callable | None = None, *, policy: Policy | None = None,
+        flags: str | None = None, **jit_kwargs):
+  """Like jax.jit, plus the pass.  Usable as @jit, @jit(...) or jit(f, ...).
+
+  policy: an equarx_pass.Policy; default Policy.from_env() ($EQUARX_FLAGS).
+  flags:  an --equarx_* flag string applied on top of the policy.
+  Every other keyword argument goes to jax.jit unchanged.
+  """
+  resolved = resolve_policy(policy, flags)
+  if fun is None:
+    return lambda f: Jitted(f, resolved, jit_kwargs)
+  return Jitted(fun, resolved, jit_kwargs)

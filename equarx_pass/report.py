@@ -1,0 +1,52 @@
+"""The site report: one row per all-reduce, printed by the decorator, the CLI and the demo."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Sequence
+
+from equarx_pass.rewrite import SiteRecord
+
+
+def _shape(shapes) -> str:
+  return "+".join("x".join(map(str, s)) or "scalar" for s in shapes)
+
+
+def _bytes(n: int) -> str:
+  for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+    if n >= size:
+      return f"{n / size:.1f} {unit}"
+  return f"{n} B"
+
+
+def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
+  """A fixed-width table of the records, with totals."""
+  header = ("#", "location", "shape", "dtype", "group", "decision", "wire before", "wire after",
+            "ratio", "why")
+  rows = []
+  for r in records:
+    ratio = f"{r.bytes_before / r.bytes_after:.2f}x" if r.rewritten and r.bytes_after else "-"
+    rows.append((str(r.index), r.location[:48], _shape(r.shapes), ",".join(sorted(set(r.dtypes))),
+                 f"{r.group_size}x{r.num_groups}", r.decision, _bytes(r.bytes_before),
+                 _bytes(r.bytes_after), ratio, r.reason))
+  widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
+            for i, h in enumerate(header)]
+  lines = [title] if title else []
+  fmt = "  ".join("{:<%d}" % w for w in widths)
+  lines.append(fmt.format(*header).rstrip())
+  lines.append("  ".join("-" * w for w in widths))
+  lines.extend(fmt.format(*row).rstrip() for row in rows)
+  done = [r for r in records if r.rewritten]
+  before = sum(r.bytes_before for r in done)
+  after = sum(r.bytes_after for r in done)
+  summary = f"{len(done)} of {len(records)} all-reduce sites rewritten"
+  if done:
+    summary += (f"; wire bytes per rank {_bytes(before)} -> {_bytes(after)} "
+                f"({before / after:.2f}x less)")
+  lines.append(summary)
+  return "\n".join(lines)
+
+
+def to_json(records: Sequence[SiteRecord]) -> str:
+  return json.dumps([dataclasses.asdict(r) for r in records], indent=1)

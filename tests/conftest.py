@@ -1,0 +1,25 @@
+"""Test set-up: 8 virtual CPU devices, configured before JAX starts its backend."""
+
+import os
+
+# Must happen before jax initialises a backend; conftest is imported first.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                           " --xla_force_host_platform_device_count=8").strip()
+os.environ["JAX_PLATFORMS"] = "cpu"          # libtpu is installed (jax[tpu]); never probe for a TPU
+os.environ.pop("EQUARX_FLAGS", None)         # tests set their policies explicitly
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+if jax.device_count() != 8:
+  raise RuntimeError(f"tests need 8 CPU devices, JAX started with {jax.device_count()}; "
+                     "was jax initialised before tests/conftest.py ran?")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(ROOT, "hlo_fixtures")
+
+
+@pytest.fixture
+def fixtures_dir():
+  return FIXTURES
