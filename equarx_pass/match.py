@@ -10,6 +10,8 @@ so nothing is mutated while the module is walked.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from typing import Callable, Union
 
 import numpy as np
@@ -101,9 +103,18 @@ def _bytes_of(dtype: str) -> int:
   return max(1, int(digits) // 8) if digits else 4
 
 
+# In a printed location: a NameLoc's name, and a file position.
+_LOC_NAME = re.compile(r'"([^"]+)"\(')
+_LOC_FILE = re.compile(r'"([^"]+)":(\d+):(\d+)')
+
+
 def _location(op: ir.Operation) -> str:
+  """'file.py:12 psum_invariant' from JAX's nested name/call-site locations."""
   text = str(op.location)
-  return text[4:-1] if text.startswith("loc(") and text.endswith(")") else text
+  names = _LOC_NAME.findall(text)
+  pos = _LOC_FILE.search(text)
+  where = f"{os.path.basename(pos.group(1))}:{pos.group(2)}" if pos else ""
+  return " ".join(p for p in (where, names[0] if names else "") if p) or text
 
 
 def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, str | None]:

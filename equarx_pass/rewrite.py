@@ -10,6 +10,7 @@ sees the original module or a complete, verified rewrite.
 from __future__ import annotations
 
 import dataclasses
+import io
 import time
 
 from jax.extend.mlir import ir
@@ -73,8 +74,13 @@ def _record(decision: match.Decision, scheme: str = "") -> SiteRecord:
 
 
 def copy_module(module: ir.Module) -> ir.Module:
-  """A deep copy in the same context (the original stays as it was)."""
-  return ir.Module.parse(module.operation.get_asm(binary=True), context=module.context)
+  """A deep copy in the same context (the original stays as it was).
+
+  Through bytecode: it keeps every location, which the site report shows.
+  """
+  buffer = io.BytesIO()
+  module.operation.write_bytecode(buffer)
+  return ir.Module.parse(buffer.getvalue(), context=module.context)
 
 
 def rewrite_module(module: ir.Module, policy: Policy) -> RewriteResult:
