@@ -16,7 +16,7 @@ from typing import Callable, Union
 
 import numpy as np
 from jax.extend.mlir import ir
-from jax.extend.mlir.dialects import stablehlo
+from jax.extend.mlir.dialects import sdy, stablehlo
 
 from equarx_pass import ring
 from equarx_pass.policy import DTYPE_BYTES, Policy
@@ -25,10 +25,38 @@ ALL_REDUCE = "stablehlo.all_reduce"
 
 
 @dataclasses.dataclass(frozen=True)
+class Mesh:
+  """A device mesh: axis names and sizes, and the device id at each position."""
+  axis_names: tuple[str, ...]
+  axis_sizes: tuple[int, ...]
+  device_ids: tuple[int, ...]      # row-major over the axes
+
+
+@dataclasses.dataclass(frozen=True)
 class ModuleFacts:
   """What a site's meaning depends on beyond the op itself."""
   num_partitions: int
   num_replicas: int
+  meshes: tuple[tuple[str, Mesh], ...] = ()   # symbol name -> mesh, from sdy.mesh ops
+
+  def mesh(self, name: str) -> Mesh | None:
+    return dict(self.meshes).get(name)
+
+
+def _mesh_from_attr(attr: ir.Attribute) -> Mesh:
+  """An sdy.MeshAttr or stablehlo.MeshAttr as a Mesh."""
+  if stablehlo.MeshAttr.isinstance(attr):
+    m = stablehlo.MeshAttr(attr)
+    axes = [stablehlo.MeshAxisAttr(a) for a in m.axes]
+    ids = list(m.device_ids) if m.device_ids is not None else []
+  else:
+    m = sdy.MeshAttr(attr)
+    axes = [sdy.MeshAxisAttr(a) for a in m.axes]
+    ids = list(m.device_ids)
+  names = tuple(a.name for a in axes)
+  sizes = tuple(int(a.size) for a in axes)
+  count = int(np.prod(sizes, dtype=np.int64))
+  return Mesh(names, sizes, tuple(int(i) for i in ids) if ids else tuple(range(count)))
 
 
 def module_facts(module: ir.Module) -> ModuleFacts:
@@ -36,7 +64,13 @@ def module_facts(module: ir.Module) -> ModuleFacts:
 
   def get(name):
     return ir.IntegerAttr(attrs[name]).value if name in attrs else 1
-  return ModuleFacts(get("mhlo.num_partitions"), get("mhlo.num_replicas"))
+  meshes = []
+  for op in module.body.operations:
+    op = op.operation
+    if op.name == "sdy.mesh":
+      name = ir.StringAttr(op.attributes["sym_name"]).value
+      meshes.append((name, _mesh_from_attr(op.attributes["mesh"])))
+  return ModuleFacts(get("mhlo.num_partitions"), get("mhlo.num_replicas"), tuple(meshes))
 
 
 def walk(op: ir.Operation):
@@ -141,23 +175,29 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
       problem = "cross-replica-and-partition groups with several replicas"
   else:
     kind, num_devices = "replica", facts.num_replicas
-  groups, group_problem = _replica_groups(attrs["replica_groups"], num_devices)
+  groups, group_problem = _replica_groups(attrs["replica_groups"], num_devices, facts)
   if has_channel and not global_ids and problem is None:
     groups = (tuple(range(num_devices)),)   # num_replicas == 1: all partitions, one group
   site = Site(index, _location(op), tuple(operands), groups, kind, num_devices)
   return site, problem or group_problem
 
 
-def _replica_groups(attr: ir.Attribute, num_devices: int):
-  if not isinstance(attr, ir.DenseIntElementsAttr):
+def _replica_groups(attr: ir.Attribute, num_devices: int, facts: ModuleFacts):
+  """Replica groups as tuples of device ids, from the dense or the mesh-axes form."""
+  # Dialect attributes are not downcast automatically: ask the class.
+  if stablehlo.ReplicaGroupMeshAxesAttr.isinstance(attr):
+    groups, problem = _mesh_axes_groups(stablehlo.ReplicaGroupMeshAxesAttr(attr), facts)
+    if problem:
+      return None, problem
+  elif isinstance(attr, ir.DenseIntElementsAttr):
+    shape = tuple(ir.ShapedType(attr.type).shape)
+    values = [int(v) for v in attr]
+    if not values:
+      return (tuple(range(num_devices)),), None  # empty: one group of every device
+    rows = np.array(values, np.int64).reshape(shape)
+    groups = tuple(tuple(int(v) for v in row if v >= 0) for row in rows)
+  else:
     return None, f"replica groups in a form the pass does not expand ({attr})"
-  dense = attr
-  shape = tuple(ir.ShapedType(dense.type).shape)
-  values = [int(v) for v in dense]
-  if not values:
-    return (tuple(range(num_devices)),), None  # empty: one group of every device
-  rows = np.array(values, np.int64).reshape(shape)
-  groups = tuple(tuple(int(v) for v in row if v >= 0) for row in rows)
   try:
     ring.make_schedule(groups)
   except ValueError as e:
@@ -165,6 +205,32 @@ def _replica_groups(attr: ir.Attribute, num_devices: int):
   if max(max(g) for g in groups) >= num_devices:
     return None, f"replica groups name device ids >= the {num_devices} devices of the module"
   return groups, None
+
+
+def _mesh_axes_groups(attr, facts: ModuleFacts):
+  """#stablehlo.replica_group_mesh_axes<mesh, axes>: devices that differ only
+  along `axes` form a group, ordered row-major over `axes` in the order given."""
+  mesh_attr = attr.mesh
+  if isinstance(mesh_attr, ir.FlatSymbolRefAttr):
+    mesh = facts.mesh(mesh_attr.value)
+    if mesh is None:
+      return None, f"replica groups name mesh @{mesh_attr.value}, which the module lacks"
+  else:
+    mesh = _mesh_from_attr(mesh_attr)
+  names = []
+  for axis in attr.axes:
+    ref = stablehlo.AxisRefAttr(axis)
+    if ref.sub_axis_info is not None:
+      return None, f"replica groups over a sub-axis of {ref.name!r} are not supported"
+    if ref.name not in mesh.axis_names:
+      return None, f"replica groups name axis {ref.name!r}, not in mesh {mesh.axis_names}"
+    names.append(ref.name)
+  inside = [mesh.axis_names.index(n) for n in names]
+  outside = [i for i in range(len(mesh.axis_names)) if i not in inside]
+  ids = np.array(mesh.device_ids, np.int64).reshape(mesh.axis_sizes)
+  size = int(np.prod([mesh.axis_sizes[i] for i in inside], dtype=np.int64))
+  rows = ids.transpose(outside + inside).reshape(-1, size)
+  return tuple(tuple(int(v) for v in row) for row in rows), None
 
 
 def _reduction_is_add(op: ir.Operation) -> bool:
