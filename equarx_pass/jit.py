@@ -99,7 +99,8 @@ class Jitted:
     self.policy = policy
     self.report = Report()
     self._static_nums, self._static_names = _static_positions(fun, jit_kwargs)
-    self._cache: dict[Any, Any] = {}
+    self._lowered: dict[Any, Any] = {}    # signature -> jax.stages.Lowered (rewritten)
+    self._compiled: dict[Any, Any] = {}   # signature -> jax.stages.Compiled
     # updated=(): copying fun.__dict__ would let a wrapped pmap shadow our own fields.
     functools.update_wrapper(self, fun, updated=())
 
@@ -119,17 +120,31 @@ class Jitted:
     if not self.policy.enable:
       return self._jitted(*args, **kwargs)
     dyn_args, dyn_kwargs, key = self._split(args, kwargs)
-    compiled = self._cache.get(key)
+    compiled = self._compiled.get(key)
     if compiled is None:
-      compiled = self.lower(*args, **kwargs).compile()
-      self._cache[key] = compiled
+      compiled = self._lower(key, args, kwargs).compile()
+      self._compiled[key] = compiled
     return compiled(*dyn_args, **dyn_kwargs)
 
   def lower(self, *args, **kwargs):
-    """jax.jit's lower(), then the rewrite: a jax.stages.Lowered of the new module."""
-    lowered = self._jitted.lower(*args, **kwargs)
+    """jax.jit's lower(), then the rewrite: a jax.stages.Lowered of the new module.
+
+    One lowering (and one report entry) per input signature: calls and .lower()
+    with the same signature share it.
+    """
     if not self.policy.enable:
-      return lowered
+      return self._jitted.lower(*args, **kwargs)
+    return self._lower(self._split(args, kwargs)[2], args, kwargs)
+
+  def _lower(self, key, args, kwargs):
+    lowered = self._lowered.get(key)
+    if lowered is None:
+      lowered = self._lower_and_rewrite(args, kwargs)
+      self._lowered[key] = lowered
+    return lowered
+
+  def _lower_and_rewrite(self, args, kwargs):
+    lowered = self._jitted.lower(*args, **kwargs)
     result = rewrite_module(lowered.compiler_ir("stablehlo"), self.policy)
     self._record(result, args, kwargs)
     if not result.modified:
@@ -146,8 +161,13 @@ class Jitted:
     if self.policy.report:
       print(report.format_table(low.records, f"equarx-pass: {low.signature}"), file=sys.stderr)
 
+  def clear_cache(self) -> None:
+    self._lowered.clear()
+    self._compiled.clear()
+    self._jitted.clear_cache()
+
   def __getattr__(self, name):
-    # trace, eval_shape, clear_cache, ...: the jax.jit object's own.
+    # trace, eval_shape, ...: the jax.jit object's own.
     return getattr(self._jitted, name)
 
 
