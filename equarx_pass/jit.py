@@ -23,6 +23,7 @@ import jax
 import numpy as np
 
 from equarx_pass import _jax_private, report
+from equarx_pass import compile as compile_lib
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import RewriteResult, SiteRecord, rewrite_module
 
@@ -39,6 +40,7 @@ class LoweringReport:
   signature: str
   records: tuple[SiteRecord, ...]
   pass_seconds: float
+  tpu: compile_lib.TopologyCompile | None = None   # with --equarx_compile_for
 
 
 class Report:
@@ -57,9 +59,12 @@ class Report:
   def __str__(self):
     if not self.lowerings:
       return "no lowering yet: call the function or its .lower() first"
-    return "\n\n".join(report.format_table(low.records, f"{low.signature} "
-                                           f"(pass {low.pass_seconds * 1e3:.1f} ms)")
-                       for low in self.lowerings)
+    return "\n\n".join(_format_lowering(low) for low in self.lowerings)
+
+
+def _format_lowering(low: LoweringReport) -> str:
+  text = report.format_table(low.records, f"{low.signature} (pass {low.pass_seconds * 1e3:.1f} ms)")
+  return text + ("\n" + low.tpu.summary() if low.tpu else "")
 
 
 def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[set[int], set[str]]:
@@ -146,20 +151,23 @@ class Jitted:
   def _lower_and_rewrite(self, args, kwargs):
     lowered = self._jitted.lower(*args, **kwargs)
     result = rewrite_module(lowered.compiler_ir("stablehlo"), self.policy)
-    self._record(result, args, kwargs)
+    tpu = None
+    if self.policy.compile_for:
+      tpu = compile_lib.compile_for_target(str(result.module), self.policy.compile_for)
+    self._record(result, tpu, args, kwargs)
     if not result.modified:
       return lowered
     return _jax_private.lowered_with_module(lowered, result.module)
 
-  def _record(self, result: RewriteResult, args, kwargs) -> None:
+  def _record(self, result: RewriteResult, tpu, args, kwargs) -> None:
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     sig = ", ".join(f"{np.dtype(x.dtype).name}{list(x.shape)}" for x in leaves
                     if hasattr(x, "shape"))
     name = getattr(self._fun, "__name__", "fun")
-    low = LoweringReport(f"{name}({sig})", tuple(result.records), result.seconds)
+    low = LoweringReport(f"{name}({sig})", tuple(result.records), result.seconds, tpu)
     self.report.lowerings.append(low)
     if self.policy.report:
-      print(report.format_table(low.records, f"equarx-pass: {low.signature}"), file=sys.stderr)
+      print("equarx-pass: " + _format_lowering(low), file=sys.stderr)
 
   def clear_cache(self) -> None:
     self._lowered.clear()

@@ -160,3 +160,16 @@ def test_compile_for_wrong_topology_size(mlp_mlir, tmp_path):
   assert proc.returncode == 2
   assert "runs on 8 devices" in proc.stderr and "v5e:2x2 has 4" in proc.stderr
   assert not out.exists()
+
+
+def test_decorator_compile_for_tpu_topology():
+  """equarx_pass.jit with --equarx_compile_for also compiles the rewritten module for TPU."""
+  mesh = Mesh(np.array(jax.devices()), ("tp",))
+  f = equarx_pass.jit(jax.shard_map(lambda x: jax.lax.psum(x, "tp"), mesh=mesh,
+                                    in_specs=P("tp"), out_specs=P("tp")),
+                      flags="--equarx_enable --equarx_compile_for=tpu:v4:2x2x1")
+  f.lower(jax.ShapeDtypeStruct((8, 32768), np.float32))
+  tpu = f.report.lowerings[-1].tpu
+  assert tpu is not None and tpu.target == "tpu:v4:2x2x1" and tpu.num_devices == 8
+  assert tpu.quantized_permutes >= 2 and tpu.all_reduces == 0
+  assert "compiled for tpu:v4:2x2x1" in str(f.report)
