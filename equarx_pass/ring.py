@@ -50,7 +50,8 @@ def chunk_layout(num_values: int, group_size: int, block_size: int) -> ChunkLayo
   """Chunks of ceil(L/N) values rounded up to whole blocks.
 
   A chunk smaller than one block is one block of its own length (rounded up to a
-  multiple of 4 so that the scale bytes keep the payload 4-byte aligned):
+  multiple of 4 so that the scale bytes keep the payload 4-byte aligned, but never
+  past the block size: a scale must not cover more values than asked for):
   padding a 100-value psum to 8 x 1024 values would be absurd.
   """
   if group_size < 1:
@@ -59,7 +60,7 @@ def chunk_layout(num_values: int, group_size: int, block_size: int) -> ChunkLayo
     raise ValueError(f"block size must be >= 1, got {block_size}")
   per_rank = max(1, -(-num_values // group_size))
   if per_rank <= block_size:
-    block = -(-per_rank // 4) * 4
+    block = min(-(-per_rank // 4) * 4, block_size)
     return ChunkLayout(num_values, group_size, block, block)
   chunk = -(-per_rank // block_size) * block_size
   return ChunkLayout(num_values, group_size, chunk, block_size)
