@@ -1,0 +1,223 @@
+"""Structure of the rewritten modules, on the fixtures in hlo_fixtures/.
+
+Each tests/filecheck/NAME.check starts with `// RUN: FIXTURE FLAGS`: the fixture is
+rewritten with transform_text under those flags and the CHECK lines run over the
+output text.  The tests below them cover what reads better in Python: the site
+records, modules that must come back unchanged, channel handles and ring pairs
+across every fixture.
+"""
+
+import dataclasses
+import glob
+import os
+
+import numpy as np
+import pytest
+
+import equarx_pass
+import filecheck
+from equarx_pass import match
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(os.path.dirname(HERE), "hlo_fixtures")
+CHECK_FILES = sorted(os.path.basename(p)
+                     for p in glob.glob(os.path.join(HERE, "filecheck", "*.check")))
+FIXTURE_FILES = sorted(n for n in os.listdir(FIXTURES) if n.endswith((".mlir", ".txt")))
+# Rewrite everything the pass can rewrite, whatever its size.
+EVERYTHING = "--equarx_enable --equarx_min_bytes=0"
+
+
+def read_fixture(name: str) -> str:
+  with open(os.path.join(FIXTURES, name)) as f:
+    return f.read()
+
+
+def transform(name: str, flags: str):
+  return equarx_pass.transform_text(read_fixture(name), equarx_pass.Policy.from_flags(flags),
+                                    name)
+
+
+def read_check(check_name: str) -> tuple[str, str, str]:
+  """(fixture, flags, check text) of tests/filecheck/CHECK_NAME."""
+  with open(os.path.join(HERE, "filecheck", check_name)) as f:
+    text = f.read()
+  prefix = "// RUN:"
+  assert text.startswith(prefix), f"{check_name}: the first line must be '{prefix} FIXTURE FLAGS'"
+  fixture, _, flags = text.splitlines()[0][len(prefix):].strip().partition(" ")
+  return fixture, flags, text
+
+
+@pytest.mark.parametrize("check_name", CHECK_FILES)
+def test_filecheck(check_name):
+  fixture, flags, checks = read_check(check_name)
+  result = transform(fixture, flags)
+  filecheck.check_text(checks, result.text, f"tests/filecheck/{check_name}")
+
+
+@pytest.mark.parametrize("check_name", CHECK_FILES)
+def test_check_file_tells_rewritten_from_untouched(check_name):
+  # The checks of a rewriting RUN must fail on the module as it was, and those of a
+  # RUN that selects nothing must hold for it: no check file passes whatever the pass does.
+  fixture, flags, checks = read_check(check_name)
+  rewrites = any(r.rewritten for r in transform(fixture, flags).records)
+  untouched = str(equarx_pass.parse_bytes(read_fixture(fixture)).module)
+  if rewrites:
+    with pytest.raises(filecheck.CheckError):
+      filecheck.check_text(checks, untouched, check_name)
+  else:
+    filecheck.check_text(checks, untouched, check_name)
+
+
+def test_every_fixture_has_a_check_file():
+  covered = {read_check(name)[0] for name in CHECK_FILES}
+  assert covered == set(FIXTURE_FILES)
+
+
+# --- the site records ------------------------------------------------------------
+
+SKIPPED = [
+    ("pmax_f32.mlir", EVERYTHING, "reduction is not add (only sums are quantized)"),
+    ("psum_i32.mlir", EVERYTHING, "element type i32 not in --equarx_dtypes=bf16,f16,f32"),
+    ("small_psum_f32.mlir", "--equarx_enable", "256 bytes < --equarx_min_bytes=65536"),
+    ("tp_mlp_bf16.mlir", "--equarx_enable --equarx_dtypes=f32",
+     "element type bf16 not in --equarx_dtypes=f32"),
+    ("tp_mlp_f32.mlir", "--equarx_enable --equarx_max_bytes=131071",
+     "131072 bytes > --equarx_max_bytes=131071"),
+]
+
+
+@pytest.mark.parametrize("fixture,flags,reason", SKIPPED)
+def test_skipped_site_is_recorded_and_the_module_is_unchanged(fixture, flags, reason):
+  result = transform(fixture, flags)
+  [record] = result.records
+  assert (record.decision, record.reason) == ("skipped", reason)
+  assert not record.rewritten
+  assert record.bytes_after == record.bytes_before
+  # Nothing selected: the output is the input as the parser reads it, op for op.
+  assert result.text == str(equarx_pass.parse_bytes(read_fixture(fixture)).module)
+
+
+def test_disabled_policy_rewrites_nothing():
+  # Policy: "Nothing is rewritten unless `enable`"; the CLI documents that
+  # --noequarx_enable only converts and reports.
+  data = read_fixture("tp_mlp_f32.mlir")
+  result = equarx_pass.transform_text(data, equarx_pass.Policy.from_flags("--noequarx_enable"))
+  assert "stablehlo.all_reduce" in result.text
+  assert result.text == str(equarx_pass.parse_bytes(data).module)
+
+
+REWRITTEN = [
+    # fixture, [(shape, dtype, group size, groups)] per site, in module order
+    ("tp_mlp_f32.mlir", [((64, 512), "f32", 8, 1)]),
+    ("tp_mlp_bf16.mlir", [((64, 512), "bf16", 8, 1)]),
+    ("tp_mlp_f16.mlir", [((64, 512), "f16", 8, 1)]),
+    ("tp_mlp_4dev_f32.mlir", [((64, 512), "f32", 4, 1)]),
+    ("tp_attention_f32.mlir", [((64, 512), "f32", 8, 1)]),
+    ("scan_layers_f32.mlir", [((64, 512), "f32", 8, 1)]),
+    ("while_layers_f32.mlir", [((64, 512), "f32", 8, 1)]),
+    ("pmap_psum_f32.mlir", [((64, 512), "f32", 8, 1)]),
+    ("subgroups_2x4_f32.mlir", [((64, 512), "f32", 4, 2), ((64, 512), "f32", 2, 4)]),
+    ("cond_psum_f32.mlir", [((64, 512), "f32", 8, 1), ((64, 512), "f32", 8, 1)]),
+    ("tp_mlp_f32.before_optimizations.txt", [((64, 512), "f32", 8, 1)]),
+]
+
+
+@pytest.mark.parametrize("fixture,sites", REWRITTEN)
+def test_rewritten_sites_are_recorded(fixture, sites):
+  result = transform(fixture, "--equarx_enable")
+  got = [(r.shapes, r.dtypes, r.group_size, r.num_groups) for r in result.records]
+  assert got == [((shape,), (dtype,), n, groups) for shape, dtype, n, groups in sites]
+  for r in result.records:
+    assert (r.decision, r.reason) == ("rewritten", "int8 ring, block 1024")
+    assert "make_fixtures.py:" in r.location      # the psum's source line, from debug info
+    # int8 plus one f32 scale per 1024 values against the original dtype's ring.
+    bits = 8 + 32 / 1024
+    ratio = 8 * {"f32": 4, "bf16": 2, "f16": 2}[r.dtypes[0]] / bits
+    assert r.bytes_before / r.bytes_after == pytest.approx(ratio, rel=1e-3)
+  assert result.input_kind == ("hlo-text" if fixture.endswith(".txt") else "stablehlo-text")
+
+
+# --- collectives across every fixture --------------------------------------------
+
+@dataclasses.dataclass
+class Collective:
+  name: str                         # "stablehlo.all_reduce" or "stablehlo.collective_permute"
+  handle: int | None                # channel handle
+  devices: np.ndarray               # replica groups (rows) or source-target pairs
+
+
+def collectives(text: str, name: str) -> list[Collective]:
+  """The all_reduces or collective_permutes of a module text, in walk order, as plain data
+  (IR objects must not outlive their module)."""
+  module = equarx_pass.parse_bytes(text).module
+  out = []
+  for op in match.walk(module.operation):
+    if op.name != name:
+      continue
+    attrs = op.attributes
+    handle = (stablehlo.ChannelHandle(attrs["channel_handle"]).handle
+              if "channel_handle" in attrs else None)
+    key = "replica_groups" if name == "stablehlo.all_reduce" else "source_target_pairs"
+    dense = ir.DenseIntElementsAttr(attrs[key])
+    shape = ir.ShapedType(dense.type).shape
+    out.append(Collective(name, handle, np.array([int(v) for v in dense], np.int64).reshape(shape)))
+  return out
+
+
+def all_reduces(text):
+  return collectives(text, "stablehlo.all_reduce")
+
+
+def permutes(text):
+  return collectives(text, "stablehlo.collective_permute")
+
+
+@pytest.mark.parametrize("fixture", FIXTURE_FILES)
+def test_permutes_have_fresh_handles_and_stay_in_groups(fixture):
+  source = read_fixture(fixture)
+  result = transform(fixture, EVERYTHING)
+  before, after, rings = all_reduces(source), all_reduces(result.text), permutes(result.text)
+  rewritten = [r for r in result.records if r.rewritten]
+  # Two permutes per rewritten site (reduce-scatter, all-gather); the rest stay all_reduces.
+  assert len(rings) == 2 * len(rewritten)
+  assert len(after) == len(result.records) - len(rewritten)
+  # Fresh channel handles: distinct, and above every handle of the input.
+  old = max(op.handle for op in before)
+  new = [op.handle for op in rings]
+  assert len(set(new)) == len(new)
+  assert all(h > old for h in new)
+  # Every permute is a ring within the groups of one of the input's all-reduces: each
+  # device sends once and receives once, and only inside its own group.
+  group_sets = [[set(row) for row in op.devices.tolist()] for op in before]
+  for op in rings:
+    pairs = op.devices
+    assert sorted(pairs[:, 0]) == sorted(set(pairs[:, 0])) == sorted(set(pairs[:, 1]))
+    assert any(all(any({s, t} <= g for g in groups) for s, t in pairs.tolist()) and
+               set().union(*groups) == set(pairs[:, 0].tolist())
+               for groups in group_sets), pairs
+
+
+def test_subgroup_rings_never_cross_groups():
+  rings = permutes(transform("subgroups_2x4_f32.mlir", "--equarx_enable").text)
+  assert len(rings) == 4
+  for op in rings[:2]:                      # tp: within {0..3} and within {4..7}
+    assert all((s < 4) == (t < 4) and s != t for s, t in op.devices.tolist())
+  for op in rings[2:]:                      # dp: between d and d + 4 only
+    assert all(abs(s - t) == 4 for s, t in op.devices.tolist())
+
+
+@pytest.mark.parametrize("fixture", ["tp_mlp_f32.mlir", "subgroups_2x4_f32.mlir",
+                                     "tp_mlp_f32.before_optimizations.txt"])
+def test_output_reparses_and_is_deterministic(fixture):
+  first = transform(fixture, "--equarx_enable").text
+  assert transform(fixture, "--equarx_enable").text == first
+  # The printed module is valid StableHLO text on its own (what equarx-opt writes).
+  assert str(equarx_pass.parse_bytes(first).module) == first
+
+
+def test_hlo_text_fixture_keeps_the_partition_count():
+  result = transform("tp_mlp_f32.before_optimizations.txt", "--equarx_enable")
+  facts = match.module_facts(equarx_pass.parse_bytes(result.text).module)
+  assert (facts.num_partitions, facts.num_replicas) == (8, 1)
