@@ -1,0 +1,69 @@
+"""Rewritten fixtures compile for real TPU topologies (libtpu, ahead of time, no TPU needed).
+
+Each compile runs in a child process (equarx_pass.compile) and takes a few seconds, so
+there are only five: the 4-device MLP for v5e:2x2 rewritten and as it was, two 8-device
+fixtures for v4:2x2x1 (subgroups, and the psum in a function called from a while
+body), and one module of the wrong device count.
+"""
+
+import os
+
+import pytest
+
+import equarx_pass
+from equarx_pass.compile import compile_for_target
+from equarx_pass.errors import CompileError
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "hlo_fixtures")
+
+
+def read_fixture(name: str) -> str:
+  with open(os.path.join(FIXTURES, name)) as f:
+    return f.read()
+
+
+def rewrite(name: str, flags: str = "--equarx_enable"):
+  return equarx_pass.transform_text(read_fixture(name), equarx_pass.Policy.from_flags(flags),
+                                    name)
+
+
+def test_v5e_compiles_the_rewritten_4_device_mlp():
+  # Through the policy, as `equarx-opt --equarx_compile_for` does it.
+  result = rewrite("tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2")
+  tpu = result.tpu
+  assert tpu.target == "tpu:v5e:2x2" and tpu.num_devices == 4
+  # The reduce-scatter and the all-gather permute, both moving int8; no all-reduce left.
+  assert (tpu.quantized_permutes, tpu.permutes, tpu.all_reduces) == (2, 2, 0)
+  assert "source_target_pairs={{0,1},{1,2},{2,3},{3,0}}" in tpu.hlo_text
+  assert tpu.cost.get("flops", 0) > 0
+
+
+def test_v5e_compiles_the_original_4_device_mlp():
+  original = str(equarx_pass.parse_bytes(read_fixture("tp_mlp_4dev_f32.mlir")).module)
+  tpu = compile_for_target(original, "tpu:v5e:2x2")
+  assert tpu.all_reduces >= 1
+  assert tpu.quantized_permutes == 0
+
+
+def test_v4_compiles_subgroup_rings():
+  result = rewrite("subgroups_2x4_f32.mlir")
+  assert [r.rewritten for r in result.records] == [True, True]
+  tpu = compile_for_target(result.text, "tpu:v4:2x2x1")
+  assert tpu.num_devices == 8
+  assert (tpu.quantized_permutes, tpu.permutes, tpu.all_reduces) == (4, 4, 0)
+  # The rings stay inside their groups on the TPU too.
+  assert "source_target_pairs={{0,1},{1,2},{2,3},{3,0},{4,5},{5,6},{6,7},{7,4}}" in tpu.hlo_text
+  assert "source_target_pairs={{0,4},{4,0},{1,5},{5,1},{2,6},{6,2},{3,7},{7,3}}" in tpu.hlo_text
+
+
+def test_v4_compiles_the_ring_inside_a_scan():
+  result = rewrite("scan_layers_f32.mlir")
+  tpu = compile_for_target(result.text, "tpu:v4:2x2x1")
+  assert (tpu.quantized_permutes, tpu.all_reduces) == (2, 0)
+
+
+def test_wrong_device_count_is_a_compile_error():
+  result = rewrite("tp_mlp_f32.mlir")          # 8 devices; v5e:2x2 has 4
+  with pytest.raises(CompileError, match="runs on 8 devices .* but v5e:2x2 has 4"):
+    compile_for_target(result.text, "tpu:v5e:2x2")
