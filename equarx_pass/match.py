@@ -253,6 +253,11 @@ def _reduction_is_add(op: ir.Operation) -> bool:
 
 
 # Each check: (site, op, policy) -> reason to skip, or None.  First hit wins.
+def _check_enabled(site, op, policy, problem):
+  if not policy.enable:
+    return "pass not enabled (--equarx_enable is off)"
+
+
 def _check_supported_groups(site, op, policy, problem):
   return problem
 
@@ -282,7 +287,7 @@ def _check_group_size(site, op, policy, problem):
     return "group of one device: nothing to reduce"
 
 
-CHECKS: list[Callable] = [_check_supported_groups, _check_reduction, _check_types,
+CHECKS: list[Callable] = [_check_enabled, _check_supported_groups, _check_reduction, _check_types,
                           _check_size, _check_group_size]
 
 
