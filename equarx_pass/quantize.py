@@ -6,13 +6,22 @@ the end-to-end tests).
 
 int8, symmetric absmax, one f32 scale per block of B values:
   Qp1 (block metadata):  amax = max|x|,  scale = amax * f32(1/127)
-  Qp2 (scale and cast):  q = clamp(round_half_even(x / safe), -127, 127)
+  Qp2 (scale and cast):  q = clamp(round_half_even(x * f32(1 / safe)), -127, 127)
                           where safe = scale if scale > 0 else 1
   Dq:                    x' = f32(q) * scale
 
 Why a multiply by f32(1/127) and not a divide by 127: XLA rewrites a divide by a
 constant into that multiply anyway, so writing it so makes every backend and the
-model compute the same bits.
+model compute the same bits.  Likewise XLA's algebraic simplifier turns the
+block-wise x / broadcast(safe) into x * broadcast(1 / safe) (one reciprocal per
+block), which rounds differently from a true divide on exact ties (x / safe =
+k + 1/2 happens often with bf16 inputs), so the model computes the reciprocal.
+
+Subnormals: the model is IEEE arithmetic, but XLA:CPU runs f32 with subnormals
+flushed to zero (and TPUs have none), so bits match the model only while no
+scale or partial sum is subnormal: a block's absmax of 0 or at least about
+127 * 2^-126 (1.5e-36).  Below that the program's values differ from the model's
+by at most the block absmaxes involved, far inside ring.error_bound's slack.
 
 Why `safe`: a block of zeros has scale 0 and 0/0 would be NaN; with safe = 1 the
 block quantizes to q = 0 and dequantizes to exactly 0.  A non-finite block has a
@@ -66,7 +75,10 @@ def quantize(x: np.ndarray, block_size: int, qmax: int = INT8_MAX):
     safe = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
   blocks = x.reshape(scale.shape + (block_size,))
   with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-    q = np.rint(blocks / safe[..., None]).astype(np.float32)
+    # 1 / safe overflows to inf for a scale below 2^-128: the block's non-zero
+    # values then clamp to +-127, an error below 127 * 2^-128 in absolute terms.
+    reciprocal = (np.float32(1) / safe).astype(np.float32)
+    q = np.rint(blocks * reciprocal[..., None]).astype(np.float32)
     q = np.clip(q, -qmax, qmax)
     # XLA converts NaN to 0 when casting to an integer; the NaN survives in the scale.
     q = np.where(np.isnan(q), np.float32(0), q)

@@ -155,11 +155,15 @@ def blocked_f32(draw, elements=finite_f32):
 def _half_step_bound(scale):
   """Largest |x - dequantize(quantize(x))| in a block with this scale.
 
-  Half a step, plus the f32 roundings of x / scale (at most 2^-18 step, the
-  quotient is below 128) and of q * scale (127 * scale * 2^-24 < 2^-17 step),
-  plus 128 smallest subnormals where the scale itself underflows.
+  Half a step, plus the f32 roundings of 1 / scale and x * (1 / scale) (the
+  quotient is below 128: 2^-16 step together) and of q * scale (127 * scale *
+  2^-24 < 2^-17 step), plus 128 smallest subnormals where the scale itself is
+  subnormal.  Below a scale of 2^-128 the reciprocal overflows and non-zero
+  values clamp to +-127: the error is then only bounded by the block's absmax,
+  127 * 2^-128 < 2^-121.
   """
-  return scale.astype(np.float64) * (0.5 + 2.0 ** -16) + 2.0 ** -142
+  s = scale.astype(np.float64)
+  return np.where(s >= 2.0 ** -128, s * (0.5 + 2.0 ** -15) + 2.0 ** -142, 2.0 ** -121)
 
 
 @settings(max_examples=300, deadline=None)
@@ -225,6 +229,18 @@ def test_quantize_rounds_half_to_even():
   q, scale = qz.quantize(x, x.size)
   assert scale[0] == 2
   np.testing.assert_array_equal(q, [127, 0, 2, 2, 0, -4, 0, 126])
+
+
+def test_quantize_multiplies_by_the_reciprocal_like_xla():
+  # XLA turns x / broadcast(scale) into x * broadcast(1 / scale).  With scale 7
+  # (absmax 889) the values (k + 1/2) * 7 are exact ties for a divide, but
+  # f32(1/7) > 1/7 pushes some of them up: 45.5 * f32(1/7) rounds to 6.5000005.
+  x = np.array([889, 45.5, 87.5, 101.5, -45.5, 3.5, 10.5, 17.5], np.float32)
+  q, scale = qz.quantize(x, x.size)
+  assert scale[0] == 7
+  np.testing.assert_array_equal(q, [127, 7, 13, 15, -7, 0, 2, 2])
+  by_divide = np.rint(x.astype(np.float64) / 7)
+  assert np.count_nonzero(q != by_divide) == 4   # the XLA form is what is modelled
 
 
 # --- fused multiply-add -------------------------------------------------------
