@@ -1,0 +1,168 @@
+"""Shared helpers of the benchmark tools: scheme flag strings, tables, JSON, plots.
+
+A scheme is a flag string for equarx_pass ("--equarx_enable --equarx_format=int4").
+Schemes whose flags this checkout does not know yet are reported as "not
+available" instead of failing, so the same command can be rerun when they land.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOCS = os.path.join(ROOT, "docs")
+if ROOT not in sys.path:
+  sys.path.insert(0, ROOT)
+
+# What the tools run by default.  Schemes that are not implemented yet are listed
+# too: they show up as "not available" until their flags exist.
+DEFAULT_SCHEMES = (
+    "--equarx_enable",
+    "--equarx_enable --equarx_block_size=128",
+    "--equarx_enable --equarx_block_size=4096",
+    "--equarx_enable --equarx_format=int4 --equarx_block_size=128",
+    "--equarx_enable --equarx_format=fp8_e4m3",
+    "--equarx_enable --equarx_algorithm=two_shot",
+    "--equarx_enable --equarx_algorithm=bidirectional",
+    "--equarx_enable --equarx_rotation=hadamard",
+    "--equarx_enable --equarx_microshards=4",
+)
+
+
+def add_scheme_argument(parser) -> None:
+  # One flag string per --scheme; written --scheme="--equarx_enable ..." (with '=')
+  # because the value itself starts with dashes.
+  parser.add_argument("--scheme", action="append", metavar="FLAGS",
+                      help="an equarx flag string; repeat for more (default: DEFAULT_SCHEMES "
+                           "in tools/benchlib.py)")
+
+
+def scheme_label(flags: str) -> str:
+  """'--equarx_enable --equarx_format=int4 --equarx_block_size=128' -> 'int4 b128'."""
+  parts = []
+  fmt = "int8"
+  for token in flags.split():
+    name, _, value = token.lstrip("-").partition("=")
+    if name in ("equarx_enable", "equarx_min_bytes"):
+      continue
+    if name == "equarx_format":
+      fmt = value
+    elif name == "equarx_block_size":
+      parts.append(f"b{value}")
+    elif name == "equarx_algorithm":
+      parts.append(value)
+    elif name == "equarx_rotation":
+      parts.append(value)
+    elif name == "equarx_microshards":
+      parts.append(f"ms{value}")
+    else:
+      parts.append(token.lstrip("-").replace("equarx_", ""))
+  return " ".join([fmt] + parts)
+
+
+def check_scheme(flags: str) -> str | None:
+  """None if this checkout's equarx_pass accepts the flags, else why not."""
+  import equarx_pass
+  try:
+    equarx_pass.Policy.from_flags(flags)
+  except equarx_pass.FlagError as e:
+    return f"not available ({e})"[:200]
+  return None
+
+
+def split_schemes(schemes) -> tuple[list[str], dict[str, str]]:
+  """(available schemes, {unavailable scheme: why})."""
+  ok, missing = [], {}
+  for s in schemes:
+    why = check_scheme(s)
+    if why:
+      missing[s] = why
+    else:
+      ok.append(s)
+  return ok, missing
+
+
+def parse_size(text: str) -> int:
+  """'64K', '8M', '4096' -> bytes (powers of 1024)."""
+  m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.I)
+  if not m:
+    raise ValueError(f"bad size {text!r}")
+  return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
+
+
+def fmt_bytes(n: float) -> str:
+  for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    if abs(n) >= size:
+      v = n / size
+      return f"{v:.0f} {unit}" if v == int(v) else f"{v:.2f} {unit}"
+  return f"{n:.0f} B"
+
+
+def table(rows: list[dict], columns: list[str], title: str = "") -> str:
+  """A fixed-width text table of `rows` (dicts), in `columns` order."""
+  cells = [[str(r.get(c, "")) for c in columns] for r in rows]
+  widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+  fmt = "  ".join("{:<%d}" % w for w in widths)
+  lines = [title] if title else []
+  lines.append(fmt.format(*columns).rstrip())
+  lines.append("  ".join("-" * w for w in widths))
+  lines.extend(fmt.format(*row).rstrip() for row in cells)
+  return "\n".join(lines)
+
+
+def markdown_table(rows: list[dict], columns: list[str]) -> str:
+  lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+  for r in rows:
+    lines.append("| " + " | ".join(str(r.get(c, "")) for c in columns) + " |")
+  return "\n".join(lines)
+
+
+def write_json(path: str, data) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(data, f, indent=1, default=str)
+  os.replace(tmp, path)
+
+
+def pyplot():
+  """matplotlib's pyplot with a file-only backend, or None if not installed."""
+  try:
+    import matplotlib
+  except ImportError:
+    print("matplotlib not installed (pip install -e '.[bench]'): no plot written",
+          file=sys.stderr)
+    return None
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  return plt
+
+
+def save_plot(fig, path: str) -> None:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  # Small PNGs: modest dpi; they are committed.
+  fig.savefig(path, dpi=80, bbox_inches="tight")
+  print(f"wrote {path}")
+
+
+def machine_info() -> dict:
+  import platform
+  info = {"python": platform.python_version(), "machine": platform.machine(),
+          "cpus": os.cpu_count()}
+  try:
+    import jax
+    info["jax"] = jax.__version__
+  except ImportError:
+    pass
+  try:
+    with open("/proc/cpuinfo") as f:
+      for line in f:
+        if line.startswith("model name"):
+          info["cpu"] = line.split(":", 1)[1].strip()
+          break
+  except OSError:
+    pass
+  return info

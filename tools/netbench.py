@@ -1,0 +1,387 @@
+"""All-reduce speed on emulated hosts behind a rate-limited network.
+
+    sudo python tools/netbench.py --quick              # about 4 minutes
+    sudo python tools/netbench.py                      # the full run (prints its estimate)
+    sudo python tools/netbench.py --procs 4 --rates 100mbit --sizes 8M --dtypes bf16 \
+        --scheme="--equarx_enable" --scheme="--equarx_enable --equarx_format=int4"
+
+P JAX processes (1 CPU device each, jax.distributed over gloo), each in its own
+network namespace whose egress tc limits to RATE (tools/netns.py).  For every
+rate, dtype and per-device message size, the same run compares:
+
+  native    jax.lax.psum as XLA compiles it (XLA:CPU's all-reduce over gloo)
+  bf16ring  an unquantized bf16 ring of ppermutes (tools/bf16_ring.py): the
+            bandwidth-optimal bf16 all-reduce, the paper's baseline
+  SCHEME    equarx_pass.jit(psum, flags=SCHEME --equarx_min_bytes=0) per scheme
+
+Per program: warm-up calls, then REPEATS timed calls, each after a barrier (a
+tiny psum); time of a call = the slowest host's; the table shows the median.
+Bytes per host per call come from each host's interface counter (tx_bytes of
+its eth0, the barrier's own bytes subtracted).  Every host checks its result
+against the float64 sum of all inputs (relative L2 error) and hashes it; "same"
+says whether every rank got identical bits.
+
+Writes docs/netbench.json (or --out) and a PNG plot next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+PORT = 12355
+BASELINES = ("native", "bf16ring")
+DTYPE_BYTES = {"bf16": 2, "f32": 4}
+STEP_LATENCY_S = 2e-3     # measured per ring step on this machine (DESIGN.md section 5)
+
+
+# --- worker: runs inside one host namespace ------------------------------------
+
+def _tx_bytes() -> int:
+  with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+    return int(f.read())
+
+
+def _inputs(rank: int, num_values: int, dtype, seed: int = 0):
+  import numpy as np
+  rng = np.random.default_rng([seed, rank, num_values])
+  return rng.standard_normal(num_values, dtype=np.float32).astype(dtype)
+
+
+def worker(cfg: dict) -> None:
+  os.environ["JAX_PLATFORMS"] = "cpu"
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import equarx_pass
+  from bf16_ring import bf16_ring_allreduce
+
+  rank, n = cfg["rank"], cfg["procs"]
+  jax.distributed.initialize(cfg["coordinator"], num_processes=n, process_id=rank,
+                             initialization_timeout=120)
+  assert jax.device_count() == n, jax.devices()
+  mesh = Mesh(np.array(jax.devices()), ("x",))
+  sharding = NamedSharding(mesh, P("x"))
+  local = jax.local_devices()[0]
+  out = open(cfg["out"], "a")
+  say = print if rank == 0 else (lambda *a, **k: None)
+
+  def global_array(host_values):
+    return jax.make_array_from_single_device_arrays(
+        (n,) + host_values.shape, sharding, [jax.device_put(host_values[None], local)])
+
+  def shard_mapped(body):
+    return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+
+  barrier_fn = jax.jit(shard_mapped(lambda v: jax.lax.psum(v, "x")))
+  token = global_array(np.ones(1, np.float32))
+
+  def barrier():
+    barrier_fn(token).block_until_ready()
+
+  barrier()
+  tx = _tx_bytes()
+  for _ in range(20):
+    barrier()
+  barrier_bytes = (_tx_bytes() - tx) / 20
+
+  def programs(nbytes_model):
+    progs = {"native": (jax.jit(shard_mapped(lambda v: jax.lax.psum(v, "x"))), None),
+             "bf16ring": (jax.jit(shard_mapped(lambda v: bf16_ring_allreduce(v, "x", n))),
+                          nbytes_model)}
+    for scheme in cfg["schemes"]:
+      try:
+        f = equarx_pass.jit(shard_mapped(lambda v: jax.lax.psum(v, "x")),
+                            flags=scheme + " --equarx_min_bytes=0")
+      except equarx_pass.FlagError as e:
+        progs[scheme] = (None, f"not available ({e})")
+        continue
+      progs[scheme] = (f, None)
+    return progs
+
+  for dtype_name in cfg["dtypes"]:
+    dtype = {"bf16": jnp.bfloat16, "f32": np.float32}[dtype_name]
+    for size in cfg["sizes"]:
+      num_values = size // DTYPE_BYTES[dtype_name]
+      mine = _inputs(rank, num_values, dtype)
+      exact = sum(_inputs(r, num_values, dtype).astype(np.float64) for r in range(n))
+      x = global_array(mine)
+      ring_bytes = 2 * (n - 1) * -(-num_values // n) * 2
+      for name, (f, note) in programs(ring_bytes).items():
+        row = dict(rank=rank, rate=cfg["rate"], dtype=dtype_name, size=size, program=name)
+        if f is None:
+          out.write(json.dumps(dict(row, error=note)) + "\n")
+          out.flush()
+          continue
+        try:
+          start = time.perf_counter()
+          y = f(x)                     # compiles (and, for equarx, rewrites)
+          y.block_until_ready()
+          first = time.perf_counter() - start
+          for _ in range(cfg["warmup"]):
+            barrier()
+            f(x).block_until_ready()
+          reps = cfg["repeats"]
+          times = []
+          tx = _tx_bytes()
+          for _ in range(reps):
+            barrier()
+            start = time.perf_counter()
+            y = f(x)
+            y.block_until_ready()
+            times.append(time.perf_counter() - start)
+          sent = (_tx_bytes() - tx - reps * barrier_bytes) / reps
+          got = np.asarray(y.addressable_shards[0].data).reshape(-1)
+          err = float(np.linalg.norm(got.astype(np.float64) - exact) / np.linalg.norm(exact))
+          digest = hashlib.sha256(got.tobytes()).hexdigest()[:16]
+          model = None
+          if hasattr(f, "report") and f.report.records:
+            model = f.report.records[-1].bytes_after
+          elif name == "bf16ring":
+            model = ring_bytes
+          row.update(times=times, first_call=first, tx_bytes=sent, model_bytes=model,
+                     rel_err=err, digest=digest)
+        except Exception as e:  # one broken scheme must not sink the run
+          row.update(error=f"{type(e).__name__}: {str(e)[:300]}")
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+        if "times" in row:
+          say(f"  {cfg['rate']:>8} {dtype_name:>4} {benchlib.fmt_bytes(size):>9} "
+              f"{name:<44} {statistics.median(row['times']) * 1e3:9.1f} ms  "
+              f"{row['tx_bytes'] / 2 ** 20:8.2f} MiB sent  err {row['rel_err']:.1e}",
+              flush=True)
+        else:
+          say(f"  {cfg['rate']:>8} {dtype_name:>4} {benchlib.fmt_bytes(size):>9} "
+              f"{name:<44} {row['error'][:80]}", flush=True)
+  out.close()
+  barrier()
+  jax.distributed.shutdown()
+
+
+# --- parent: builds the network, starts the workers, aggregates ----------------
+
+def estimate_seconds(sizes, dtypes, rate_bps, procs, programs, repeats, warmup) -> float:
+  """A rough model: bf16-ring bytes at the link rate, native at 4 bytes/value."""
+  total = 0.0
+  for dtype in dtypes:
+    for size in sizes:
+      values = size // DTYPE_BYTES[dtype]
+      ring = 2 * (procs - 1) * -(-values // procs) * 2 * 8 / rate_bps
+      latency = 2 * (procs - 1) * STEP_LATENCY_S
+      per = {"native": 2 * ring + latency, "bf16ring": ring + latency}
+      for p in programs:
+        t = per.get(p, ring / 2 + latency + values * 20e-9 * procs)
+        total += (repeats + warmup + 1) * t + 0.7
+  return total + 15
+
+
+def run_rate(net, rate, cfg, outdir) -> list[dict]:
+  import netns
+  net.set_rate(None if rate == "none" else rate)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+             PYTHONPATH=benchlib.ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+  env.pop("XLA_FLAGS", None)   # one CPU device per process
+  rate_bps = netns.parse_rate(rate) if rate != "none" else 10 ** 10
+  budget = cfg["budget"][rate]
+  procs, files = [], []
+  for i in range(net.num_hosts):
+    path = os.path.join(outdir, f"{rate}-host{i}.jsonl")
+    files.append(path)
+    wcfg = dict(cfg["worker"], rank=i, procs=net.num_hosts, rate=rate, out=path,
+                coordinator=f"{net.host_ip(0)}:{PORT}")
+    log = open(os.path.join(outdir, f"{rate}-host{i}.log"), "w")
+    argv = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(wcfg)]
+    procs.append(net.start_on_host(i, argv, env=env, stdout=None if i == 0 else log,
+                                   stderr=log))
+  codes = net.wait_all(procs, timeout=budget)
+  if any(codes):
+    print(f"{rate}: worker exit codes {codes} (logs in {outdir})", file=sys.stderr)
+  rows = []
+  for path in files:
+    if os.path.exists(path):
+      with open(path) as f:
+        rows.extend(json.loads(line) for line in f if line.strip())
+  del rate_bps
+  return rows
+
+
+def aggregate(rows: list[dict], procs: int) -> list[dict]:
+  """One row per (rate, dtype, size, program): the slowest host per call, medians."""
+  groups: dict[tuple, list[dict]] = {}
+  for r in rows:
+    groups.setdefault((r["rate"], r["dtype"], r["size"], r["program"]), []).append(r)
+  out = []
+  for (rate, dtype, size, program), rs in groups.items():
+    row = dict(rate=rate, dtype=dtype, size=size, program=program, hosts=len(rs))
+    errors = [r["error"] for r in rs if "error" in r]
+    if errors or len(rs) < procs:
+      row["error"] = errors[0] if errors else f"only {len(rs)} of {procs} hosts reported"
+      out.append(row)
+      continue
+    per_call = [max(ts) for ts in zip(*(r["times"] for r in rs))]
+    row.update(seconds=statistics.median(per_call), calls=len(per_call),
+               seconds_min=min(per_call), seconds_max=max(per_call),
+               tx_bytes=statistics.mean(r["tx_bytes"] for r in rs),
+               tx_bytes_max=max(r["tx_bytes"] for r in rs),
+               model_bytes=rs[0].get("model_bytes"),
+               rel_err=max(r["rel_err"] for r in rs),
+               same=len({r["digest"] for r in rs}) == 1,
+               first_call=max(r["first_call"] for r in rs))
+    out.append(row)
+  # Ratios to both baselines, within each (rate, dtype, size).
+  base = {(r["rate"], r["dtype"], r["size"], r["program"]): r for r in out if "seconds" in r}
+  for r in out:
+    if "seconds" not in r:
+      continue
+    for b in BASELINES:
+      ref = base.get((r["rate"], r["dtype"], r["size"], b))
+      if ref:
+        r[f"vs_{b}"] = ref["seconds"] / r["seconds"]
+        r[f"bytes_vs_{b}"] = ref["tx_bytes"] / r["tx_bytes"] if r["tx_bytes"] > 0 else None
+  return out
+
+
+def label(program: str) -> str:
+  return program if program in BASELINES else benchlib.scheme_label(program)
+
+
+def print_tables(agg: list[dict]) -> str:
+  cols = ["rate", "dtype", "size", "program", "median ms", "MiB sent/host", "x native",
+          "x bf16ring", "bytes x bf16ring", "rel err", "same"]
+  rows = []
+  for r in sorted(agg, key=lambda r: (r["rate"], r["dtype"], r["size"])):
+    row = {"rate": r["rate"], "dtype": r["dtype"], "size": benchlib.fmt_bytes(r["size"]),
+           "program": label(r["program"])}
+    if "seconds" in r:
+      row.update({"median ms": f"{r['seconds'] * 1e3:.1f}",
+                  "MiB sent/host": f"{r['tx_bytes'] / 2 ** 20:.3f}",
+                  "x native": f"{r.get('vs_native', 0):.2f}",
+                  "x bf16ring": f"{r.get('vs_bf16ring', 0):.2f}",
+                  "bytes x bf16ring": (f"{r['bytes_vs_bf16ring']:.2f}"
+                                       if r.get("bytes_vs_bf16ring") else "-"),
+                  "rel err": f"{r['rel_err']:.1e}", "same": "yes" if r["same"] else "NO"})
+    else:
+      row["median ms"] = r["error"][:60]
+    rows.append(row)
+  text = benchlib.table(rows, cols)
+  print(text)
+  return benchlib.markdown_table(rows, cols)
+
+
+def plot(agg: list[dict], path: str) -> None:
+  plt = benchlib.pyplot()
+  if plt is None:
+    return
+  keys = sorted({(r["rate"], r["dtype"]) for r in agg})
+  fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), squeeze=False)
+  for ax, (rate, dtype) in zip(axes[0], keys):
+    rs = [r for r in agg if r["rate"] == rate and r["dtype"] == dtype and "seconds" in r]
+    for program in dict.fromkeys(r["program"] for r in rs):
+      pts = sorted((r["size"], r["vs_bf16ring"]) for r in rs if r["program"] == program
+                   and "vs_bf16ring" in r)
+      if not pts:
+        continue
+      style = "--" if program in BASELINES else "-"
+      ax.plot([p[0] / 2 ** 20 for p in pts], [p[1] for p in pts], style, marker=".",
+              label=label(program))
+    ax.set_xscale("log", base=2)
+    ax.axhline(1, color="grey", lw=0.5)
+    ax.set_title(f"{rate}, {dtype}")
+    ax.set_xlabel("MiB per device")
+    ax.set_ylabel("speed-up over the bf16 ring")
+  axes[0][0].legend(fontsize=7)
+  fig.suptitle(f"all-reduce on {agg[0].get('hosts', '?')} emulated hosts", fontsize=9)
+  benchlib.save_plot(fig, path)
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--procs", type=int, default=4)
+  ap.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
+  ap.add_argument("--sizes", nargs="+", default=None,
+                  help="bytes per device, e.g. 64K 1M 32M (default depends on --quick)")
+  ap.add_argument("--max-size", nargs="+", default=["100mbit=8M"],
+                  help="RATE=SIZE caps per rate (the slow link takes long for big messages)")
+  ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
+  benchlib.add_scheme_argument(ap)
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--warmup", type=int, default=1)
+  ap.add_argument("--quick", action="store_true", help="few sizes, 3 repeats")
+  ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "netbench.json"))
+  ap.add_argument("--worker", help=argparse.SUPPRESS)
+  args = ap.parse_args()
+  if args.worker:
+    worker(json.loads(args.worker))
+    return 0
+
+  import netns
+  if os.geteuid() != 0:
+    print("needs root (network namespaces and tc)", file=sys.stderr)
+    return 2
+  if args.sizes is None:
+    args.sizes = (["64K", "1M", "8M"] if args.quick else
+                  ["4K", "16K", "64K", "256K", "1M", "4M", "8M", "32M"])
+  if args.quick:
+    args.repeats = min(args.repeats, 3)
+  sizes = [benchlib.parse_size(s) for s in args.sizes]
+  caps = {k: benchlib.parse_size(v) for k, v in (c.split("=") for c in args.max_size)}
+  ok, missing = benchlib.split_schemes(args.scheme or benchlib.DEFAULT_SCHEMES)
+  for s, why in missing.items():
+    print(f"scheme {s!r}: {why}")
+  programs = list(BASELINES) + ok
+
+  plan, total = {}, 0.0
+  for rate in args.rates:
+    rsizes = [s for s in sizes if s <= caps.get(rate, 1 << 62)]
+    bps = netns.parse_rate(rate) if rate != "none" else 10 ** 10
+    est = estimate_seconds(rsizes, args.dtypes, bps, args.procs, programs, args.repeats,
+                           args.warmup)
+    plan[rate] = (rsizes, est)
+    total += est
+  print(f"{args.procs} hosts, rates {args.rates}, dtypes {args.dtypes}, "
+        f"{len(programs)} programs, {args.repeats} timed calls each; "
+        f"expected about {total / 60:.1f} min (each rate is stopped at 3x its estimate)")
+
+  outdir = tempfile.mkdtemp(prefix="netbench-")
+  rows = []
+  started = time.time()
+  with netns.Network(args.procs, None) as net:
+    for rate in args.rates:
+      rsizes, est = plan[rate]
+      cfg = {"budget": {rate: 3 * est + 60},
+             "worker": dict(sizes=rsizes, dtypes=args.dtypes, schemes=ok,
+                            repeats=args.repeats, warmup=args.warmup)}
+      print(f"--- {rate}: sizes {[benchlib.fmt_bytes(s) for s in rsizes]}, "
+            f"about {est / 60:.1f} min")
+      rows.extend(run_rate(net, rate, cfg, outdir))
+  elapsed = time.time() - started
+  agg = aggregate(rows, args.procs)
+  for r in agg:
+    r["hosts"] = args.procs
+  md = print_tables(agg)
+  result = dict(machine=benchlib.machine_info(), procs=args.procs, rates=args.rates,
+                repeats=args.repeats, warmup=args.warmup, seconds=elapsed,
+                unavailable=missing, results=agg, raw=rows, table_markdown=md,
+                command=" ".join(sys.argv))
+  benchlib.write_json(args.out, result)
+  print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
+  plot(agg, os.path.splitext(args.out)[0] + ".png")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
