@@ -68,23 +68,30 @@ def _format_lowering(low: LoweringReport) -> str:
 
 
 def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[set[int], set[str]]:
-  """static_argnums and static_argnames completed from each other, as jax.jit does."""
-  nums = jit_kwargs.get("static_argnums", ()) or ()
-  names = jit_kwargs.get("static_argnames", ()) or ()
-  nums = {nums} if isinstance(nums, int) else set(nums)
-  names = {names} if isinstance(names, str) else set(names)
+  """static_argnums and static_argnames, completed from each other exactly as jax.jit does.
+
+  jax.jit infers names from numbers (or numbers from names) only when one of the
+  two is not given, and only over positional-or-keyword parameters.  Inferring
+  more than it does would drop an argument that jax.jit treats as dynamic from
+  the compiled call.
+  """
+  nums = jit_kwargs.get("static_argnums")
+  names = jit_kwargs.get("static_argnames")
+  num_set = set() if nums is None else ({nums} if isinstance(nums, int) else set(nums))
+  name_set = set() if names is None else ({names} if isinstance(names, str) else set(names))
+  if (nums is None) == (names is None):
+    return num_set, name_set
   try:
-    params = list(inspect.signature(fun).parameters.values())
+    params = inspect.signature(fun).parameters
   except (TypeError, ValueError):
-    return nums, names
-  positional = [p.name for p in params
-                if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
-  for i, name in enumerate(positional):
-    if name in names:
-      nums.add(i)
-    if i in nums or (i - len(positional)) in nums:
-      names.add(name)
-  return nums, names
+    return num_set, name_set
+  either = [(i, name) for i, (name, p) in enumerate(params.items())
+            if p.kind == p.POSITIONAL_OR_KEYWORD]
+  if nums is None:
+    num_set = {i for i, name in either if name in name_set}
+  else:
+    name_set = {name for i, name in either if i in num_set}
+  return num_set, name_set
 
 
 def _leaf_key(x) -> Any:
@@ -118,6 +125,11 @@ class Jitted:
     static_part = (tuple((i, args[i]) for i in sorted(static)),
                    tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names)))
     leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
+    try:
+      hash(static_part)
+    except TypeError as e:
+      # The error jax.jit gives, rather than a TypeError from our cache lookup.
+      raise ValueError(f"Non-hashable static arguments are not supported: {e}") from None
     key = (static_part, tree, tuple(_leaf_key(x) for x in leaves))
     return dyn_args, dyn_kwargs, key
 

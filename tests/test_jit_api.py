@@ -1,0 +1,330 @@
+"""equarx_pass.jit behaves as jax.jit: decorator forms, keyword arguments, caching, flags."""
+
+
+import jax
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import equarx_pass
+from equarx_pass import policy as policy_lib
+from equarx_pass import ring
+
+MESH = Mesh(np.array(jax.devices()).reshape(8), ("x",))
+SHARDED = NamedSharding(MESH, P("x"))
+REPLICATED = NamedSharding(MESH, P())
+ON = "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=128"
+
+
+def psum_body(x):
+  """The psum of each device's row; the docstring must survive the decorator."""
+  return jax.lax.psum(x, "x")
+
+
+PSUM = jax.shard_map(psum_body, mesh=MESH, in_specs=P("x"), out_specs=P("x"))
+
+
+def data(cols=300, seed=0):
+  return np.random.default_rng(seed).standard_normal((8, cols)).astype(np.float32)
+
+
+def expected(x, block=128):
+  """The model's result for PSUM (rank r holds row r)."""
+  return np.stack(ring.reference_allreduce(list(x), block))
+
+
+def assert_bits_equal(a, b):
+  a, b = np.asarray(a), np.asarray(b)
+  assert a.dtype == b.dtype and a.shape == b.shape
+  assert a.tobytes() == b.tobytes()
+
+
+def rewritten(w):
+  return [r.decision for r in w.report.records] == ["rewritten"] * len(w.report.records) and \
+      len(w.report.records) > 0
+
+
+# --- decorator forms -----------------------------------------------------------
+
+def test_three_decorator_forms_agree(monkeypatch):
+  x = data()
+  monkeypatch.setenv("EQUARX_FLAGS", ON)
+
+  @equarx_pass.jit
+  def bare(v):
+    return PSUM(v)
+
+  monkeypatch.delenv("EQUARX_FLAGS")
+
+  @equarx_pass.jit(flags=ON)
+  def called(v):
+    return PSUM(v)
+
+  direct = equarx_pass.jit(PSUM, flags=ON)
+  want = expected(x)
+  for w in (bare, called, direct):
+    assert isinstance(w, equarx_pass.Jitted)
+    assert w.policy == equarx_pass.Policy.from_flags(ON)
+    assert_bits_equal(w(x), want)
+    assert rewritten(w)
+
+
+def test_wrapper_keeps_the_function_identity():
+  w = equarx_pass.jit(psum_body, flags=ON)
+  assert w.__name__ == "psum_body" and w.__doc__ == psum_body.__doc__
+  assert w.__wrapped__ is psum_body
+  # Attributes the wrapper does not define come from the jax.jit object.
+  w2 = equarx_pass.jit(PSUM, flags=ON)
+  x = data()
+  shape = w2.eval_shape(x)
+  assert (shape.shape, shape.dtype) == (x.shape, x.dtype)
+  assert w2.trace(x).jaxpr is not None
+
+
+# --- policy sources --------------------------------------------------------------
+
+def test_disabled_is_plain_jax_jit():
+  w = equarx_pass.jit(PSUM)                   # conftest clears EQUARX_FLAGS
+  assert not w.policy.enable
+  x = data()
+  got, plain = w(x), jax.jit(PSUM)(x)
+  assert type(got) is type(plain) and got.sharding == plain.sharding
+  assert_bits_equal(got, plain)
+  lowered = w.lower(x)
+  assert isinstance(lowered, jax.stages.Lowered)
+  text = lowered.as_text()
+  assert "stablehlo.all_reduce" in text and "collective_permute" not in text
+  assert len(w.report) == 0 and w.report.lowerings == []
+  # Explicitly off, by flag or by policy, whatever the environment says.
+  for off in (equarx_pass.jit(PSUM, flags=ON + " --noequarx_enable"),
+              equarx_pass.jit(PSUM, policy=equarx_pass.Policy(enable=False, min_bytes=0))):
+    assert_bits_equal(off(x), plain)
+    assert off.report.lowerings == []
+
+
+def test_env_flags_are_read_at_decoration(monkeypatch):
+  monkeypatch.setenv("EQUARX_FLAGS", "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=64")
+  w = equarx_pass.jit(PSUM)
+  monkeypatch.setenv("EQUARX_FLAGS", "--noequarx_enable")   # too late for w
+  assert w.policy == equarx_pass.Policy(enable=True, min_bytes=0, block_size=64)
+  x = data()
+  assert_bits_equal(w(x), expected(x, 64))
+  assert not equarx_pass.jit(PSUM).policy.enable             # a new decoration sees the new value
+
+
+def test_flags_and_policy_override_env(monkeypatch):
+  monkeypatch.setenv("EQUARX_FLAGS", "--equarx_enable --equarx_block_size=64 --equarx_min_bytes=0")
+  # flags= goes on top of the environment: the block size changes, the rest stays.
+  w = equarx_pass.jit(PSUM, flags="--equarx_block_size=256")
+  assert w.policy == equarx_pass.Policy(enable=True, min_bytes=0, block_size=256)
+  # policy= replaces the environment as the base; flags= still applies on top.
+  base = equarx_pass.Policy(enable=True, min_bytes=0, block_size=32, dtypes=("f32",))
+  assert equarx_pass.jit(PSUM, policy=base).policy == base
+  w2 = equarx_pass.jit(PSUM, policy=base, flags="--equarx_min_bytes=1_000_000")
+  assert w2.policy == base.replace(min_bytes=1_000_000)
+  x = data()
+  w2(x)
+  assert [r.decision for r in w2.report.records] == ["skipped"]
+  assert "--equarx_min_bytes=1000000" in w2.report.records[0].reason
+
+
+@pytest.mark.parametrize("flags, named", [
+    ("--equarx_bogus=1", "--equarx_bogus"),
+    ("--equarx_enable --equarx_min_bytes=abc", "--equarx_min_bytes"),
+    ("--equarx_min_bytes", "--equarx_min_bytes"),              # needs a value
+    ("--equarx_min_bytes=-5", "--equarx_min_bytes"),
+    ("--equarx_block_size=0", "--equarx_block_size"),
+    ("--equarx_dtypes=f64", "--equarx_dtypes"),
+    ("--equarx_enable=maybe", "--equarx_enable"),
+    ("--noequarx_min_bytes", "--noequarx_min_bytes"),          # negation is for booleans
+    ("--equarx_format=int3", "--equarx_format"),
+    ("--equarx_compile_for=gpu", "--equarx_compile_for"),
+    ("equarx_enable", "equarx_enable"),                        # no leading --
+    ("--equarx_enable '--equarx_min_bytes=1", "--equarx_min_bytes=1"),   # unbalanced quote
+])
+def test_bad_flags_raise_flag_error_naming_the_flag(monkeypatch, flags, named):
+  with pytest.raises(equarx_pass.FlagError, match=named):
+    equarx_pass.jit(PSUM, flags=flags)
+  with pytest.raises(equarx_pass.FlagError, match=named):
+    equarx_pass.Policy.from_flags(flags)
+  monkeypatch.setenv("EQUARX_FLAGS", flags)
+  with pytest.raises(equarx_pass.FlagError, match=named):
+    equarx_pass.jit(PSUM)
+  with pytest.raises(equarx_pass.FlagError, match=named):
+    equarx_pass.jit(flags="--equarx_enable")                 # env still applies first
+
+
+def test_flag_error_is_a_value_error():
+  with pytest.raises(ValueError):
+    equarx_pass.Policy(block_size=-1)
+
+
+@st.composite
+def policies(draw):
+  return equarx_pass.Policy(
+      enable=draw(st.booleans()),
+      min_bytes=draw(st.integers(0, 1 << 40)),
+      max_bytes=draw(st.integers(0, 1 << 40)),
+      dtypes=tuple(draw(st.lists(st.sampled_from(policy_lib.DTYPES), min_size=1, max_size=3,
+                                 unique=True))),
+      block_size=draw(st.integers(1, 1 << 20)),
+      format=draw(st.sampled_from(policy_lib.FORMATS)),
+      report=draw(st.booleans()),
+      compile_for=draw(st.sampled_from(["", "tpu:v5e:2x2", "tpu:v4:2x2x1"])))
+
+
+@settings(max_examples=200, deadline=None)
+@given(policies())
+def test_policy_round_trips_through_flags(p):
+  flags = p.to_flags()
+  assert equarx_pass.Policy.from_flags(flags) == p
+  assert equarx_pass.jit(PSUM, flags=flags).policy == p
+  # Applied on top of another policy, the string sets exactly the non-default fields.
+  assert equarx_pass.Policy.from_flags(flags, base=p) == p
+
+
+def test_default_policy_has_empty_flags():
+  assert equarx_pass.Policy().to_flags() == ""
+  assert equarx_pass.Policy.from_flags("") == equarx_pass.Policy()
+
+
+# --- caching ---------------------------------------------------------------------
+
+def test_one_lowering_per_input_signature():
+  w = equarx_pass.jit(PSUM, flags=ON)
+  x = data()
+  first = w(x)
+  assert len(w.report.lowerings) == 1
+  second = w(data(seed=1))                   # same signature: cached
+  assert len(w.report.lowerings) == 1
+  assert_bits_equal(second, expected(data(seed=1)))
+  w.lower(x)                                 # .lower() shares the cache with calls
+  assert len(w.report.lowerings) == 1
+  w(data(cols=301))                          # new shape
+  assert len(w.report.lowerings) == 2
+  w(data(cols=300).astype(np.float16))       # new dtype
+  assert len(w.report.lowerings) == 3
+  assert w.report.records[-1].dtypes == ("f16",)
+  assert_bits_equal(w(x), first)
+  assert len(w.report.lowerings) == 3
+  w.clear_cache()
+  w(x)
+  assert len(w.report.lowerings) == 4
+
+
+# --- jax.jit keyword arguments ---------------------------------------------------
+
+def test_static_argnums_and_argnames():
+  def f(x, times, *, negate):
+    y = PSUM(x)
+    for _ in range(times):                   # Python control flow: needs a static value
+      y = y * 2
+    return -y if negate else y
+
+  x = data()
+  want = expected(x)
+  by_num = equarx_pass.jit(f, flags=ON, static_argnums=1, static_argnames="negate")
+  by_name = equarx_pass.jit(f, flags=ON, static_argnames=("times", "negate"))
+  for w in (by_num, by_name):
+    assert_bits_equal(w(x, 2, negate=False), want * 4)
+    assert_bits_equal(w(x, 2, negate=True), -want * 4)
+    assert_bits_equal(w(x, 3, negate=False), want * 8)
+    assert len(w.report.lowerings) == 3
+    w(x, 2, negate=True)                     # seen before: no new lowering
+    w(data(seed=4), 3, negate=False)
+    assert len(w.report.lowerings) == 3
+    assert all(r.rewritten for r in w.report.records)
+  # Names given: a static argument may also come by keyword, and is still static
+  # (a new call signature, so a new lowering, as jax.jit traces again too).
+  assert_bits_equal(by_name(x, times=2, negate=True), -want * 4)
+  assert_bits_equal(by_name(x, times=2, negate=True), -want * 4)
+  assert len(by_name.report.lowerings) == 4
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(static_argnums=2), dict(static_argnames="k"), dict(static_argnums=-1),
+    dict(static_argnums=2, static_argnames="k"),
+    dict(static_argnums=1, static_argnames="k"),   # both given: jax.jit infers nothing
+    dict(static_argnums=(), static_argnames="k"),
+])
+def test_static_arguments_are_inferred_as_jax_jit_does(kwargs):
+  def f(x, scale, k=1):
+    return x * scale + k
+
+  x = np.arange(4, dtype=np.float32)
+  plain = jax.jit(f, **kwargs)
+  w = equarx_pass.jit(f, flags=ON, **kwargs)
+  calls = [((x, 2.0, 1), {}), ((x,), dict(scale=2.0, k=3)), ((x, 2.0), dict(k=5)),
+           ((x, np.float32(3.0), 1), {})]
+  for args, kw in calls:
+    try:
+      want = plain(*args, **kw)
+    except Exception as e:                     # what jax.jit refuses, so must the wrapper
+      with pytest.raises(type(e)):
+        w(*args, **kw)
+      continue
+    assert_bits_equal(w(*args, **kw), want)
+
+
+def test_donate_argnums_as_jax_jit():
+  g = jax.shard_map(lambda a, b: jax.lax.psum(a, "x") + b, mesh=MESH,
+                    in_specs=P("x"), out_specs=P("x"))
+  results = []
+  for make in (lambda: jax.jit(g, donate_argnums=0),
+               lambda: equarx_pass.jit(g, flags=ON, donate_argnums=0)):
+    a = jax.device_put(data(), SHARDED)
+    b = jax.device_put(data(seed=1), SHARDED)
+    out = make()(a, b)
+    results.append((a.is_deleted(), b.is_deleted(), out.sharding))
+  assert results[0] == results[1]
+  assert results[1][:2] == (True, False)      # the donated buffer is gone, as with jax.jit
+
+
+@pytest.mark.parametrize("out_sharding", [SHARDED, REPLICATED], ids=["sharded", "replicated"])
+def test_in_and_out_shardings(out_sharding):
+  kwargs = dict(in_shardings=SHARDED, out_shardings=out_sharding)
+  w = equarx_pass.jit(PSUM, flags=ON, **kwargs)
+  x = data()                                  # NumPy in: placed by in_shardings
+  got = w(x)
+  plain = jax.jit(PSUM, **kwargs)(x)
+  assert got.sharding == plain.sharding == out_sharding
+  assert (got.shape, got.dtype) == (plain.shape, plain.dtype)
+  assert_bits_equal(got, expected(x))
+  assert rewritten(w)
+  # Already-placed arrays give the same result and the same signature.
+  again = w(jax.device_put(x, SHARDED))
+  assert_bits_equal(again, got)
+
+
+def test_output_sharding_without_explicit_shardings():
+  x = jax.device_put(data(), SHARDED)
+  got = equarx_pass.jit(PSUM, flags=ON)(x)
+  assert got.sharding == jax.jit(PSUM)(x).sharding
+
+
+# --- AOT stages -------------------------------------------------------------------
+
+def test_lower_compile_runs_the_rewritten_program():
+  w = equarx_pass.jit(PSUM, flags=ON)
+  x = data()
+  lowered = w.lower(x)
+  assert isinstance(lowered, jax.stages.Lowered)
+  text = lowered.as_text()
+  assert "collective_permute" in text and "stablehlo.all_reduce" not in text
+  compiled = lowered.compile()
+  assert isinstance(compiled, jax.stages.Compiled)
+  assert "all-reduce(" not in compiled.as_text()
+  assert_bits_equal(compiled(x), expected(x))
+  assert_bits_equal(w(x), expected(x))
+  assert len(w.report.lowerings) == 1
+
+
+def test_report_flag_prints_the_site_table(capsys):
+  w = equarx_pass.jit(PSUM, flags=ON + " --equarx_report")
+  w(data())
+  err = capsys.readouterr().err
+  assert "equarx-pass" in err and "rewritten" in err and "1 of 1 all-reduce sites rewritten" in err
+  assert "1 of 1 all-reduce sites rewritten" in str(w.report)
