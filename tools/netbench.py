@@ -43,6 +43,7 @@ import benchlib  # noqa: E402
 PORT = 12355
 BASELINES = ("native", "bf16ring")
 DTYPE_BYTES = {"bf16": 2, "f32": 4}
+SMALL_BYTES, SMALL_REPEATS = 1 << 20, 25   # below 1 MiB: at least 25 timed calls
 STEP_LATENCY_S = 2e-3     # measured per ring step on this machine (DESIGN.md section 5)
 
 
@@ -132,10 +133,14 @@ def worker(cfg: dict) -> None:
           y = f(x)                     # compiles (and, for equarx, rewrites)
           y.block_until_ready()
           first = time.perf_counter() - start
-          for _ in range(cfg["warmup"]):
+          # Small messages take milliseconds and scheduling noise on 2 shared cores
+          # is of the same order: more calls.  Decided by size, so every rank
+          # makes the same number of calls.
+          small = size < SMALL_BYTES
+          for _ in range(cfg["warmup"] + 2 * small):
             barrier()
             f(x).block_until_ready()
-          reps = cfg["repeats"]
+          reps = max(cfg["repeats"], SMALL_REPEATS) if small else cfg["repeats"]
           times = []
           tx = _tx_bytes()
           for _ in range(reps):
@@ -183,9 +188,10 @@ def estimate_seconds(sizes, dtypes, rate_bps, procs, programs, repeats, warmup) 
       ring = 2 * (procs - 1) * -(-values // procs) * 2 * 8 / rate_bps
       latency = 2 * (procs - 1) * STEP_LATENCY_S
       per = {"native": 2 * ring + latency, "bf16ring": ring + latency}
+      calls = max(repeats, SMALL_REPEATS) + 2 if size < SMALL_BYTES else repeats
       for p in programs:
         t = per.get(p, ring / 2 + latency + values * 20e-9 * procs)
-        total += (repeats + warmup + 1) * t + 0.7
+        total += (calls + warmup + 1) * t + 0.7
   return total + 15
 
 
@@ -207,7 +213,9 @@ def run_rate(net, rate, cfg, outdir) -> list[dict]:
     argv = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(wcfg)]
     procs.append(net.start_on_host(i, argv, env=env, stdout=None if i == 0 else log,
                                    stderr=log))
+  load_before = os.getloadavg()
   codes = net.wait_all(procs, timeout=budget)
+  load_after = os.getloadavg()
   if any(codes):
     print(f"{rate}: worker exit codes {codes} (logs in {outdir})", file=sys.stderr)
   rows = []
@@ -216,6 +224,8 @@ def run_rate(net, rate, cfg, outdir) -> list[dict]:
       with open(path) as f:
         rows.extend(json.loads(line) for line in f if line.strip())
   del rate_bps
+  for r in rows:
+    r["loadavg"] = [load_before[0], load_after[0]]
   return rows
 
 
@@ -240,7 +250,8 @@ def aggregate(rows: list[dict], procs: int) -> list[dict]:
                model_bytes=rs[0].get("model_bytes"),
                rel_err=max(r["rel_err"] for r in rs),
                same=len({r["digest"] for r in rs}) == 1,
-               first_call=max(r["first_call"] for r in rs))
+               first_call=max(r["first_call"] for r in rs),
+               loadavg=rs[0].get("loadavg"))
     out.append(row)
   # Ratios to both baselines, within each (rate, dtype, size).
   base = {(r["rate"], r["dtype"], r["size"], r["program"]): r for r in out if "seconds" in r}
@@ -282,6 +293,43 @@ def print_tables(agg: list[dict]) -> str:
   return benchlib.markdown_table(rows, cols)
 
 
+def threshold(agg: list[dict], scheme: str) -> int | None:
+  """Smallest measured size from which `scheme` beats native at every larger size,
+  every rate and dtype (None: never)."""
+  sizes = sorted({r["size"] for r in agg})
+  keys = {(r["rate"], r["dtype"]) for r in agg}
+  best = None
+  for size in reversed(sizes):
+    rows = [r for r in agg if r["size"] == size and r["program"] == scheme and "seconds" in r]
+    if len(rows) < len(keys) or any(r["vs_native"] <= 1.0 for r in rows):
+      break
+    best = size
+  return best
+
+
+def summary(agg: list[dict]) -> list[str]:
+  """The figures the targets are about, one line each."""
+  lines = []
+  schemes = [p for p in dict.fromkeys(r["program"] for r in agg) if p not in BASELINES]
+  for scheme in schemes:
+    rs = [r for r in agg if r["program"] == scheme and "vs_bf16ring" in r]
+    for rate in sorted({r["rate"] for r in rs}):
+      for dtype in sorted({r["dtype"] for r in rs}):
+        sel = sorted((r for r in rs if r["rate"] == rate and r["dtype"] == dtype),
+                     key=lambda r: r["size"])
+        big = [r for r in sel if r["size"] >= 8 << 20]
+        if big:
+          lines.append(
+              f"{label(scheme)} at {rate}, {dtype}: over the bf16 ring "
+              + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_bf16ring']:.2f}x" for r in big)
+              + "; over native "
+              + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_native']:.2f}x" for r in big))
+    t = threshold(agg, scheme)
+    lines.append(f"{label(scheme)}: faster than native at every rate and dtype from "
+                 f"{benchlib.fmt_bytes(t) if t else 'no measured size'} up")
+  return lines
+
+
 def plot(agg: list[dict], path: str) -> None:
   plt = benchlib.pyplot()
   if plt is None:
@@ -314,8 +362,8 @@ def main() -> int:
   ap.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
   ap.add_argument("--sizes", nargs="+", default=None,
                   help="bytes per device, e.g. 64K 1M 32M (default depends on --quick)")
-  ap.add_argument("--max-size", nargs="+", default=["100mbit=8M"],
-                  help="RATE=SIZE caps per rate (the slow link takes long for big messages)")
+  ap.add_argument("--max-size", nargs="+", default=[],
+                  help="RATE=SIZE caps per rate, e.g. 100mbit=8M (the slow link takes long)")
   ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
   benchlib.add_scheme_argument(ap)
   ap.add_argument("--repeats", type=int, default=5)
@@ -335,6 +383,8 @@ def main() -> int:
   if args.sizes is None:
     args.sizes = (["64K", "1M", "8M"] if args.quick else
                   ["4K", "16K", "64K", "256K", "1M", "4M", "8M", "32M"])
+  else:
+    args.sizes = [s for arg in args.sizes for s in arg.split(",")]
   if args.quick:
     args.repeats = min(args.repeats, 3)
   sizes = [benchlib.parse_size(s) for s in args.sizes]
@@ -373,9 +423,11 @@ def main() -> int:
   for r in agg:
     r["hosts"] = args.procs
   md = print_tables(agg)
+  lines = summary(agg)
+  print("\n".join(lines))
   result = dict(machine=benchlib.machine_info(), procs=args.procs, rates=args.rates,
                 repeats=args.repeats, warmup=args.warmup, seconds=elapsed,
-                unavailable=missing, results=agg, raw=rows, table_markdown=md,
+                unavailable=missing, summary=lines, results=agg, raw=rows, table_markdown=md,
                 command=" ".join(sys.argv))
   benchlib.write_json(args.out, result)
   print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
