@@ -158,9 +158,9 @@ def _half_step_bound(scale):
   Half a step, plus the f32 roundings of 1 / scale and x * (1 / scale) (the
   quotient is below 128: 2^-16 step together) and of q * scale (127 * scale *
   2^-24 < 2^-17 step), plus 128 smallest subnormals where the scale itself is
-  subnormal.  Below a scale of 2^-128 the reciprocal overflows and non-zero
-  values clamp to +-127: the error is then only bounded by the block's absmax,
-  127 * 2^-128 < 2^-121.
+  subnormal.  Below a scale of 2^-128, 1 / scale is past the f32 range and the
+  step is no longer the scale: the error is then only bounded by the block's
+  absmax, 127 * 2^-128 < 2^-121.
   """
   s = scale.astype(np.float64)
   return np.where(s >= 2.0 ** -128, s * (0.5 + 2.0 ** -15) + 2.0 ** -142, 2.0 ** -121)
