@@ -234,22 +234,20 @@ def _mesh_axes_groups(attr, facts: ModuleFacts):
 
 
 def _reduction_is_add(op: ir.Operation) -> bool:
-  """The region is `return add(a_i, b_i)` for each operand i."""
+  """The region is `return add(arg0, arg1)` on scalars.
+
+  StableHLO applies that one region to every operand of a variadic all-reduce,
+  so it has two arguments whatever the number of operands.
+  """
   block = op.regions[0].blocks[0]
-  n = len(op.operands)
   body = [o.operation for o in block.operations]
-  if len(body) != n + 1 or body[-1].name != "stablehlo.return":
+  if len(block.arguments) != 2 or len(body) != 2:
     return False
-  args = list(block.arguments)
-  for i, add in enumerate(body[:-1]):
-    if add.name != "stablehlo.add":
-      return False
-    pair = {v.arg_number if isinstance(v, ir.BlockArgument) else -1
-            for v in add.operands}
-    if pair != {i, i + n} or len(args) != 2 * n:
-      return False
-  returned = list(body[-1].operands)
-  return all(returned[i] == body[i].result for i in range(n))
+  add, ret = body
+  if add.name != "stablehlo.add" or ret.name != "stablehlo.return":
+    return False
+  args = {v.arg_number if isinstance(v, ir.BlockArgument) else -1 for v in add.operands}
+  return args == {0, 1} and list(ret.operands) == [add.result]
 
 
 # Each check: (site, op, policy) -> reason to skip, or None.  First hit wins.
