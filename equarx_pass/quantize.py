@@ -4,11 +4,17 @@ No MLIR here. `build.py` emits exactly these operations, in this order, so the
 program's bits can be compared with this model (tests/test_ring_model.py and
 the end-to-end tests).
 
-int8, symmetric absmax, one f32 scale per block of B values:
-  Qp1 (block metadata):  amax = max|x|,  scale = amax * f32(1/127)
-  Qp2 (scale and cast):  q = clamp(round_half_even(x * f32(1 / safe)), -127, 127)
+Symmetric absmax, one f32 scale per block of B values, for a format whose
+largest code is QMAX (int8: 127, int4: 7, fp8 e4m3: 448, fp8 e5m2: 57344):
+  Qp1 (block metadata):  amax = max|x|,  scale = amax * f32(1/QMAX)
+  Qp2 (scale and cast):  v = clamp(x * min(f32(1 / safe), FLT_MAX), -QMAX, QMAX)
                           where safe = scale if scale > 0 else 1
+                          int:  q = round_half_even(v) as int8 (int4: two per byte)
+                          fp8:  q = v converted to fp8 (round to nearest even)
   Dq:                    x' = f32(q) * scale
+
+The min with FLT_MAX keeps 1/safe finite when a scale is tiny, so a zero value
+never becomes 0 * inf = NaN.
 
 Why a multiply by f32(1/127) and not a divide by 127: XLA rewrites a divide by a
 constant into that multiply anyway, so writing it so makes every backend and the
@@ -36,28 +42,45 @@ import dataclasses
 import numpy as np
 
 INT8_MAX = 127
+FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
-def inverse(qmax: int) -> np.float32:
+def inverse(qmax) -> np.float32:
   """f32(1/qmax): the constant the scale is multiplied by."""
   return np.float32(1.0 / qmax)
 
 
 @dataclasses.dataclass(frozen=True)
-class Int8Format:
-  """int8 payload, one f32 scale per block; the scale bytes ride with the data."""
-  name: str = "int8"
-  qmax: int = INT8_MAX
+class Format:
+  """A wire format: codes of `bits` bits, one f32 scale per block riding with them."""
+  name: str
+  bits: int                   # 8, or 4 (two codes per byte)
+  qmax: float                 # largest code magnitude
+  fp8: str | None = None      # ml_dtypes name for fp8 formats; None for integers
   scale_bytes: int = 4
 
+  def code_bytes(self, num_values: int) -> int:
+    return num_values * self.bits // 8
+
   def payload_bytes(self, num_values: int, num_blocks: int) -> int:
-    return num_values + self.scale_bytes * num_blocks
+    return self.code_bytes(num_values) + self.scale_bytes * num_blocks
+
+  @property
+  def numpy_fp8(self):
+    import ml_dtypes
+    return getattr(ml_dtypes, self.fp8)
 
 
-FORMATS = {"int8": Int8Format()}
+INT8 = Format("int8", 8, INT8_MAX)
+INT4 = Format("int4", 4, 7)
+FP8_E4M3 = Format("fp8_e4m3", 8, 448.0, "float8_e4m3fn")
+FP8_E5M2 = Format("fp8_e5m2", 8, 57344.0, "float8_e5m2")
+FORMATS = {f.name: f for f in (INT8, INT4, FP8_E4M3, FP8_E5M2)}
+# Backwards-compatible alias: the int8 format's class.
+Int8Format = Format
 
 
-def block_scales(x: np.ndarray, block_size: int, qmax: int = INT8_MAX) -> np.ndarray:
+def block_scales(x: np.ndarray, block_size: int, qmax=INT8_MAX) -> np.ndarray:
   """Qp1: one f32 scale per block of the last axis (length divisible by block_size)."""
   x = np.asarray(x, np.float32)
   blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // block_size, block_size))
@@ -67,30 +90,60 @@ def block_scales(x: np.ndarray, block_size: int, qmax: int = INT8_MAX) -> np.nda
   return (amax * inverse(qmax)).astype(np.float32)
 
 
-def quantize(x: np.ndarray, block_size: int, qmax: int = INT8_MAX):
-  """Qp1 + Qp2: returns (q int8 with x's shape, scales f32 [..., blocks])."""
+def _scaled(x: np.ndarray, block_size: int, fmt: Format):
+  """Qp1 and the scale-and-clamp half of Qp2: (v f32 [..., blocks, B], scale)."""
   x = np.asarray(x, np.float32)
-  scale = block_scales(x, block_size, qmax)
+  scale = block_scales(x, block_size, fmt.qmax)
   with np.errstate(invalid="ignore"):
     safe = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
   blocks = x.reshape(scale.shape + (block_size,))
   with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-    # 1 / safe overflows to inf for a scale below 2^-128: the block's non-zero
-    # values then clamp to +-127, an error below 127 * 2^-128 in absolute terms.
-    reciprocal = (np.float32(1) / safe).astype(np.float32)
-    q = np.rint(blocks * reciprocal[..., None]).astype(np.float32)
-    q = np.clip(q, -qmax, qmax)
+    reciprocal = np.minimum((np.float32(1) / safe).astype(np.float32), FLT_MAX)
+    v = (blocks * reciprocal[..., None]).astype(np.float32)
+    v = np.clip(v, np.float32(-fmt.qmax), np.float32(fmt.qmax))
+  return v, scale
+
+
+def quantize(x: np.ndarray, block_size: int, fmt: Format = INT8):
+  """Qp1 + Qp2: (codes, scales f32 [..., blocks]).
+
+  Codes are int8: one per value (int8, fp8 bits), or two per byte for int4
+  (value 2i in the low nibble, 2i+1 in the high nibble), along the last axis.
+  """
+  x = np.asarray(x, np.float32)
+  v, scale = _scaled(x, block_size, fmt)
+  if fmt.fp8:
+    codes = v.astype(fmt.numpy_fp8).view(np.int8)
+    return codes.reshape(x.shape), scale
+  with np.errstate(invalid="ignore"):
     # XLA converts NaN to 0 when casting to an integer; the NaN survives in the scale.
-    q = np.where(np.isnan(q), np.float32(0), q)
-  return q.astype(np.int8).reshape(x.shape), scale
+    q = np.where(np.isnan(v), np.float32(0), np.rint(v)).astype(np.int8).reshape(x.shape)
+  if fmt.bits == 4:
+    pairs = q.reshape(q.shape[:-1] + (q.shape[-1] // 2, 2)).astype(np.int32)
+    q = ((pairs[..., 0] & 0xF) | (pairs[..., 1] << 4)).astype(np.uint8).view(np.int8)
+  return q, scale
 
 
-def dequantize(q: np.ndarray, scale: np.ndarray, block_size: int) -> np.ndarray:
-  """Dq: f32(q) * scale, block-wise; returns f32 with q's shape."""
-  blocks = np.asarray(q).astype(np.float32).reshape(scale.shape + (block_size,))
+def codes_to_f32(codes: np.ndarray, fmt: Format = INT8) -> np.ndarray:
+  """Unpack codes (int8 array) into f32 code values, one per value."""
+  codes = np.asarray(codes, np.int8)
+  if fmt.fp8:
+    return codes.view(fmt.numpy_fp8).astype(np.float32)
+  if fmt.bits == 4:
+    low = (codes.astype(np.int32) << 28) >> 28          # sign-extend the low nibble
+    high = codes.astype(np.int32) >> 4                   # arithmetic shift: the high one
+    return np.stack([low, high], axis=-1).reshape(codes.shape[:-1] + (-1,)).astype(np.float32)
+  return codes.astype(np.float32)
+
+
+def dequantize(q: np.ndarray, scale: np.ndarray, block_size: int,
+               fmt: Format = INT8) -> np.ndarray:
+  """Dq: f32(q) * scale, block-wise; returns f32 with one value per code value."""
+  values = codes_to_f32(q, fmt)
+  blocks = values.reshape(scale.shape + (block_size,))
   with np.errstate(invalid="ignore", over="ignore"):
     out = blocks * scale[..., None].astype(np.float32)
-  return out.astype(np.float32).reshape(np.shape(q))
+  return out.astype(np.float32).reshape(values.shape)
 
 
 def fused_multiply_add(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:

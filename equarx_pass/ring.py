@@ -22,6 +22,7 @@ all-reduce, converted to f32 and concatenated):
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import numpy as np
@@ -46,23 +47,35 @@ class ChunkLayout:
     return self.group_size * self.chunk
 
 
-def chunk_layout(num_values: int, group_size: int, block_size: int) -> ChunkLayout:
-  """Chunks of ceil(L/N) values rounded up to whole blocks.
+GRID_SCALES = 8 * 128   # the paper's layout: one TPU vector register of scales per chunk
 
-  A chunk smaller than one block is one block of its own length (rounded up to a
-  multiple of 4 so that the scale bytes keep the payload 4-byte aligned, but never
-  past the block size: a scale must not cover more values than asked for):
-  padding a 100-value psum to 8 x 1024 values would be absurd.
+
+def chunk_layout(num_values: int, group_size: int, block_size: int, lanes: int = 1,
+                 rotation_size: int = 0, grid: bool = False) -> ChunkLayout:
+  """Chunks of ceil(L/N) values rounded up to what the scheme needs.
+
+  Fixed blocks: a chunk is a whole number of blocks, split evenly into `lanes`
+  (microshards x directions) of whole blocks, and a multiple of the rotation
+  size.  A plain chunk smaller than one block is one block of its own length
+  (rounded up to a multiple of 4, never past the block size): padding a
+  100-value psum to 8 x 1024 values would be absurd.
+  Grid (the paper's layout): 8 x 128 = 1024 scales per chunk whatever its size,
+  so the block is chunk / 1024 values.
   """
   if group_size < 1:
     raise ValueError(f"group size must be >= 1, got {group_size}")
   if block_size < 1:
     raise ValueError(f"block size must be >= 1, got {block_size}")
   per_rank = max(1, -(-num_values // group_size))
-  if per_rank <= block_size:
+  if grid:
+    unit = math.lcm(GRID_SCALES, rotation_size or 1)
+    chunk = -(-per_rank // unit) * unit
+    return ChunkLayout(num_values, group_size, chunk, chunk // GRID_SCALES)
+  unit = math.lcm(block_size * lanes, rotation_size or 1)
+  if unit == block_size and per_rank <= block_size:
     block = min(-(-per_rank // 4) * 4, block_size)
     return ChunkLayout(num_values, group_size, block, block)
-  chunk = -(-per_rank // block_size) * block_size
+  chunk = -(-per_rank // unit) * unit
   return ChunkLayout(num_values, group_size, chunk, block_size)
 
 
@@ -126,8 +139,8 @@ class WireBytes:
 
 
 def ring_wire_bytes(layout: ChunkLayout, itemsize_before: float,
-                    fmt: qz.Int8Format = qz.FORMATS["int8"]) -> WireBytes:
-  """2(N-1) chunk transfers per rank, in both schemes."""
+                    fmt: qz.Format = qz.INT8) -> WireBytes:
+  """2(N-1) chunk transfers per rank, in both schemes (two-shot sends the same)."""
   steps = 2 * (layout.group_size - 1)
   unpadded_chunk = -(-layout.num_values // layout.group_size)
   before = int(steps * unpadded_chunk * itemsize_before)
@@ -135,40 +148,32 @@ def ring_wire_bytes(layout: ChunkLayout, itemsize_before: float,
   return WireBytes(before, after)
 
 
-def _pad_chunks(x: np.ndarray, layout: ChunkLayout) -> np.ndarray:
+def pad_chunks(x: np.ndarray, layout: ChunkLayout) -> np.ndarray:
+  """A rank's operand as f32 [N, C]: flattened, zero-padded, one row per chunk."""
   flat = np.zeros(layout.padded, np.float32)
   flat[:layout.num_values] = np.asarray(x, np.float32).reshape(-1)
   return flat.reshape(layout.group_size, layout.chunk)
 
 
-def reference_allreduce(inputs: Sequence[np.ndarray], block_size: int,
-                        out_dtype=None) -> list[np.ndarray]:
-  """Per-rank results of the quantized ring over one group, ranks in ring order.
-
-  inputs[r] is rank r's operand (any shape, all equal); the result of rank r has
-  the same shape and `out_dtype` (default: the input dtype).
-  """
-  n = len(inputs)
-  shape = np.shape(inputs[0])
-  out_dtype = out_dtype or np.asarray(inputs[0]).dtype
-  layout = chunk_layout(int(np.prod(shape, dtype=np.int64)), n, block_size)
+def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8
+                ) -> list[np.ndarray]:
+  """The quantized ring on chunk matrices: x[r] is rank r's f32 [N, s] (ranks in
+  ring order: r sends to r + 1).  Returns every rank's dequantized [N, s] result."""
+  n = len(x)
   sched = RingSchedule((tuple(range(n)),))
-  b = layout.block
-  x = [_pad_chunks(v, layout) for v in inputs]
-
   # Reduce-scatter: partial[r] is what rank r sends at the next step.
   partial = [x[r][r].copy() for r in range(n)]
   for step in range(n - 1):
-    sent = [qz.quantize(partial[r], b) for r in range(n)]
+    sent = [qz.quantize(partial[r], block, fmt) for r in range(n)]
     for r in range(n):
       q, s = sent[(r - 1) % n]
       # Dequantize and add in one rounding: XLA contracts the multiply and the add.
-      values = q.astype(np.float32).reshape(s.shape + (b,))
+      values = qz.codes_to_f32(q, fmt).reshape(s.shape + (block,))
       local = x[r][sched.reduce_scatter_chunk(r, step)].reshape(values.shape)
       partial[r] = qz.fused_multiply_add(values, s[:, None], local).reshape(-1)
 
   # Final quantization once; the all-gather forwards the bytes unchanged.
-  own = [qz.quantize(partial[r], b) for r in range(n)]
+  own = [qz.quantize(partial[r], block, fmt) for r in range(n)]
   gathered = [[None] * n for _ in range(n)]
   for r in range(n):
     gathered[r][sched.owned_chunk(r)] = own[r]
@@ -177,15 +182,31 @@ def reference_allreduce(inputs: Sequence[np.ndarray], block_size: int,
     cur = [cur[(r - 1) % n] for r in range(n)]
     for r in range(n):
       gathered[r][sched.all_gather_chunk(r, step)] = cur[r]
+  # Every rank dequantizes every chunk, its own included.
+  return [np.stack([qz.dequantize(q, s, block, fmt) for q, s in gathered[r]])
+          for r in range(n)]
 
-  results = []
-  for r in range(n):
-    q = np.stack([gathered[r][c][0] for c in range(n)])
-    s = np.stack([gathered[r][c][1] for c in range(n)])
-    flat = qz.dequantize(q, s, b).reshape(-1)[:layout.num_values]
-    with np.errstate(over="ignore", invalid="ignore"):
-      results.append(flat.astype(out_dtype).reshape(shape))
-  return results
+
+def reference_allreduce(inputs: Sequence[np.ndarray], block_size: int,
+                        out_dtype=None) -> list[np.ndarray]:
+  """Per-rank results of the int8 ring over one group, ranks in ring order.
+
+  inputs[r] is rank r's operand (any shape, all equal); the result of rank r has
+  the same shape and `out_dtype` (default: the input dtype).  Every other scheme:
+  equarx_pass.scheme.reference.
+  """
+  n = len(inputs)
+  shape = np.shape(inputs[0])
+  out_dtype = out_dtype or np.asarray(inputs[0]).dtype
+  layout = chunk_layout(int(np.prod(shape, dtype=np.int64)), n, block_size)
+  out = ring_chunks([pad_chunks(v, layout) for v in inputs], layout.block)
+  return [unpad(r, layout, shape, out_dtype) for r in out]
+
+
+def unpad(chunks: np.ndarray, layout: ChunkLayout, shape, out_dtype) -> np.ndarray:
+  flat = np.asarray(chunks, np.float32).reshape(-1)[:layout.num_values]
+  with np.errstate(over="ignore", invalid="ignore"):
+    return flat.astype(out_dtype).reshape(shape)
 
 
 def error_bound(inputs: Sequence[np.ndarray], block_size: int) -> float:

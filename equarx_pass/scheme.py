@@ -1,0 +1,124 @@
+"""A quantized all-reduce scheme: algorithm x format x blocks x rotation x microshards.
+
+No MLIR here.  `Scheme` decides the chunk layout and the lanes (microshards and
+ring directions) that build.py emits, and `reference` is the NumPy model of
+the whole all-reduce for any scheme, which the emitted program is tested
+against bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+
+from equarx_pass import quantize as qz
+from equarx_pass import ring, rotation, two_shot
+
+RING = "ring"
+TWO_SHOT = "two_shot"
+BIDIRECTIONAL = "bidirectional"
+ALGORITHMS = (RING, TWO_SHOT, BIDIRECTIONAL)
+BLOCK_LAYOUTS = ("fixed", "grid")
+
+
+@dataclasses.dataclass(frozen=True)
+class Lane:
+  """A slice of every chunk, [offset, offset + size), that travels on its own
+  permutes in one ring direction (+1: to rank r + 1; -1: to rank r - 1)."""
+  direction: int
+  offset: int
+  size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Scheme:
+  algorithm: str = RING
+  format: str = "int8"
+  block_size: int = 1024
+  block_layout: str = "fixed"     # "grid": 8 x 128 scales per chunk (the paper's)
+  rotation: str = rotation.NONE
+  rotation_size: int = 1024
+  microshards: int = 1
+
+  def __post_init__(self):
+    if self.algorithm not in ALGORITHMS:
+      raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
+    if self.format not in qz.FORMATS:
+      raise ValueError(f"format must be one of {', '.join(qz.FORMATS)}, got {self.format!r}")
+    if self.block_layout not in BLOCK_LAYOUTS:
+      raise ValueError(f"block layout must be fixed or grid, got {self.block_layout!r}")
+    if self.rotation not in rotation.ROTATIONS:
+      raise ValueError(f"rotation must be none or hadamard, got {self.rotation!r}")
+    if self.rotation != rotation.NONE:
+      rotation.check_size(self.rotation_size)
+    if self.microshards < 1 or ring.GRID_SCALES % self.microshards:
+      raise ValueError(f"microshards must divide {ring.GRID_SCALES}, got {self.microshards}")
+    if self.microshards > 1 and self.algorithm == TWO_SHOT:
+      raise ValueError("microshards apply to the ring algorithms, not two_shot")
+    if self.format == "int4" and self.block_layout == "fixed" and self.block_size % 2:
+      raise ValueError(f"int4 packs two values per byte: the block size must be even, "
+                       f"got {self.block_size}")
+
+  @property
+  def fmt(self) -> qz.Format:
+    return qz.FORMATS[self.format]
+
+  @property
+  def directions(self) -> int:
+    return 2 if self.algorithm == BIDIRECTIONAL else 1
+
+  def layout(self, num_values: int, group_size: int) -> ring.ChunkLayout:
+    rot = self.rotation_size if self.rotation != rotation.NONE else 0
+    return ring.chunk_layout(num_values, group_size, self.block_size,
+                             self.microshards * self.directions, rot,
+                             self.block_layout == "grid")
+
+  def lanes(self, layout: ring.ChunkLayout) -> list[Lane]:
+    """Chunk slices in order: the first half clockwise, the second counter-clockwise."""
+    count = self.microshards * self.directions
+    size = layout.chunk // count
+    return [Lane(1 if i < self.microshards else -1, i * size, size) for i in range(count)]
+
+  def describe(self) -> str:
+    parts = [f"{self.format} {self.algorithm}"]
+    parts.append("grid 8x128" if self.block_layout == "grid" else f"block {self.block_size}")
+    if self.rotation != rotation.NONE:
+      parts.append(f"{self.rotation} {self.rotation_size}")
+    if self.microshards > 1:
+      parts.append(f"{self.microshards} microshards")
+    return ", ".join(parts)
+
+  def bits_per_value(self, layout: ring.ChunkLayout) -> float:
+    return 8 * self.fmt.payload_bytes(layout.chunk, layout.blocks) / layout.chunk
+
+
+def reference(inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype=None) -> list[np.ndarray]:
+  """Per-rank results of `scheme` over one group, ranks in group order.
+
+  inputs[r] is rank r's operand (any shape, all equal); each result has that
+  shape and `out_dtype` (default: the input dtype).
+  """
+  n = len(inputs)
+  shape = np.shape(inputs[0])
+  out_dtype = out_dtype or np.asarray(inputs[0]).dtype
+  layout = scheme.layout(int(np.prod(shape, dtype=np.int64)), n)
+  x = [ring.pad_chunks(v, layout) for v in inputs]
+  rotating = scheme.rotation != rotation.NONE
+  if rotating:
+    x = [rotation.hadamard(v, scheme.rotation_size).reshape(v.shape) for v in x]
+  if scheme.algorithm == TWO_SHOT:
+    out = two_shot.two_shot_chunks(x, layout.block, scheme.fmt)
+  else:
+    out = [np.zeros_like(v) for v in x]
+    for lane in scheme.lanes(layout):
+      cols = slice(lane.offset, lane.offset + lane.size)
+      # Counter-clockwise is the clockwise ring over the ranks in reverse order.
+      order = list(range(n)) if lane.direction == 1 else list(range(n))[::-1]
+      res = ring.ring_chunks([x[r][:, cols] for r in order], layout.block, scheme.fmt)
+      for pos, r in enumerate(order):
+        out[r][:, cols] = res[pos]
+  if rotating:
+    out = [rotation.hadamard(v, scheme.rotation_size).reshape(v.shape) for v in out]
+  return [ring.unpad(v, layout, shape, out_dtype) for v in out]
