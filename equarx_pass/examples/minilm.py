@@ -489,10 +489,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     print(f"all-MiniLM-L6-v2, {args.devices}-way tensor parallel over CPU devices "
           f"({config.heads // args.devices} heads, {config.ffn // args.devices} FFN columns each), "
           f"{2 * config.layers} all-reduce sites per forward pass")
-    print(f"{len(sentences)} sentences from {args.sentences}, {len(batches)} batches, "
-          f"shapes {', '.join('x'.join(map(str, s)) for s in shapes)}")
+    source = ("the bundled corpus" if pathlib.Path(args.sentences) == DEFAULT_CORPUS
+              else args.sentences)
+    print(f"{len(sentences)} sentences from {source}, {len(batches)} batches of shapes "
+          f"{', '.join('x'.join(map(str, s)) for s in shapes)}")
     print("compared with the same model under jax.jit; top1/top5: nearest other sentence / "
-          "set of 5 nearest unchanged\n")
+          "set of 5 nearest unchanged;")
+    print(f"sites: all-reduce sites rewritten / found, over the {len(shapes)} compiled shapes\n")
     print(f"{'scheme':<44} {'sites':>7} {'mean cos':>9} {'min cos':>9} {'top1':>7} {'top5':>7}")
   rows = []
   for scheme in args.schemes:
