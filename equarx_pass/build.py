@@ -1,21 +1,28 @@
-"""build: turn a ring plan (equarx_pass.ring) into StableHLO ops.
+"""build: turn a plan (scheme.py, ring.py) into StableHLO ops.
 
-The schedule (source-target pairs, chunk indices, layout) is computed in plain
-NumPy by ring.py; this module only emits ops for it, with the dialect's Python
-op builders, at the insertion point of the all-reduce it replaces.
+The schedule (source-target pairs, chunk indices, layout, lanes) is computed in
+plain NumPy by scheme.py and ring.py; this module only emits ops for it, with
+the dialect's Python op builders, at the insertion point of the all-reduce it
+replaces.  Every op follows the NumPy model (quantize.py, rotation.py, ring.py,
+two_shot.py) in kind and order, so the program equals the model bit for bit.
 
-Emitted shape of one site (N ranks, chunk C, P payload bytes per chunk):
+Emitted shape of one ring site (N ranks, chunk C, lanes l of s values, P_l payload bytes):
 
-  x:[N,C] f32 = reshape(pad(concat(convert_f32(reshape(operand_i)))))
+  x:[N,C] f32 = rotate(pad(concat(convert_f32(reshape(operand_i)))))
   rank        = dynamic_slice(rank_table, partition_id or replica_id)
-  while s < N-1 (reduce-scatter):    partial = dq(permute(q(partial))) + x[(rank-s-1) mod N]
-  own:[P] i8  = q(partial)           the one final quantization
-  while s < N-1 (all-gather):        cur = permute(cur); out[(rank-s) mod N] = cur
-  result_i    = convert_T(reshape(slice(dq(out))))
+  while s < N-1 (reduce-scatter), per lane:
+                partial_l = dq(permute_l(q(partial_l))) + x[(rank-s-1) mod N, lane l]
+  own_l:[1,P_l] i8 = q(partial_l)     the one final quantization
+  while s < N-1 (all-gather), per lane:
+                cur_l = permute_l(cur_l); out_l[(rank-s) mod N] = cur_l
+  result_i    = convert_T(reshape(slice(rotate(concat_l(dq(out_l))))))
 
 Two loops per site, whatever the group size, keep the module small: the paper's
-"full-loop" ring.  q() packs int8 values and the f32 scales (as bytes) into one
-int8 payload so that every ring step is a single collective_permute.
+"full-loop" ring.  Lanes are the microshards (independent permutes inside one
+step, so XLA can overlap one's transfer with another's arithmetic) and, for the
+bidirectional ring, the counter-clockwise half.  q() packs the codes and the f32
+scales (as bytes) into one int8 payload so a lane moves with a single permute.
+Two-shot replaces both loops by all_to_all -> f32 sum loop -> all_gather.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass import quantize as qz
-from equarx_pass import ring
+from equarx_pass import ring, rotation
+from equarx_pass import scheme as scheme_lib
 
 # stablehlo ChannelHandle type 1 = DEVICE_TO_DEVICE, what JAX gives ppermute.
 DEVICE_TO_DEVICE = 1
@@ -48,12 +56,17 @@ class ChannelAllocator:
 class RingPlan:
   layout: ring.ChunkLayout
   schedule: ring.RingSchedule
-  device_kind: str          # "partition" (permutes carry a channel) or "replica"
+  device_kind: str          # "partition" (collectives carry a channel) or "replica"
   num_devices: int
+  scheme: scheme_lib.Scheme = scheme_lib.Scheme()
 
 
 def _tensor(shape, element_type) -> ir.RankedTensorType:
   return ir.RankedTensorType.get(list(shape), element_type)
+
+
+def _shape(x) -> tuple[int, ...]:
+  return tuple(ir.RankedTensorType(x.type).shape)
 
 
 class _Emitter:
@@ -63,6 +76,7 @@ class _Emitter:
     self.f32 = ir.F32Type.get()
     self.i8 = ir.IntegerType.get_signless(8)
     self.i32 = ir.IntegerType.get_signless(32)
+    self.i64 = ir.IntegerType.get_signless(64)
 
   # constants
   def const(self, array: np.ndarray, element_type) -> ir.Value:
@@ -80,69 +94,142 @@ class _Emitter:
   def i32_scalar(self, value: int) -> ir.Value:
     return self.splat(value, (), self.i32)
 
+  def groups_attr(self, groups) -> ir.Attribute:
+    array = np.array(groups, np.int64)
+    return ir.DenseIntElementsAttr.get(array, type=_tensor(array.shape, self.i64))
+
   # shape ops
   def reshape(self, x, shape) -> ir.Value:
+    if _shape(x) == tuple(shape):
+      return x
     return hlo.ReshapeOp(_tensor(shape, ir.RankedTensorType(x.type).element_type), x).result
 
   def convert(self, x, element_type) -> ir.Value:
-    t = ir.RankedTensorType(x.type)
-    if t.element_type == element_type:
+    if ir.RankedTensorType(x.type).element_type == element_type:
       return x
-    return hlo.ConvertOp(_tensor(t.shape, element_type), x).result
+    return hlo.ConvertOp(_tensor(_shape(x), element_type), x).result
+
+  def bitcast(self, x, shape, element_type) -> ir.Value:
+    return hlo.BitcastConvertOp(_tensor(shape, element_type), x).result
 
   def slice(self, x, start, limit) -> ir.Value:
     return hlo.SliceOp(x, list(start), list(limit), [1] * len(start)).result
 
-  def dynamic_row(self, x, row, width) -> ir.Value:
-    """x[row, :] of a 2-D x, as a 1-D tensor of `width`."""
-    zero = self.i32_scalar(0)
-    t = ir.RankedTensorType(x.type)
-    sl = hlo.DynamicSliceOp(x, [row, zero], [1, width],
-                            results=[_tensor((1, width), t.element_type)]).result
-    return self.reshape(sl, (width,))
+  def concat(self, values, axis) -> ir.Value:
+    return values[0] if len(values) == 1 else hlo.ConcatenateOp(values, axis).result
 
-  def set_row(self, x, row, value) -> ir.Value:
-    t = ir.RankedTensorType(value.type)
-    upd = self.reshape(value, (1,) + tuple(t.shape))
-    return hlo.DynamicUpdateSliceOp(x, upd, [row, self.i32_scalar(0)]).result
+  def dynamic_rows(self, x, row, col, rows, width) -> ir.Value:
+    """x[row:row+rows, col:col+width] of a 2-D x, `row` a traced i32 scalar."""
+    t = ir.RankedTensorType(x.type)
+    return hlo.DynamicSliceOp(x, [row, self.i32_scalar(col)], [rows, width],
+                              results=[_tensor((rows, width), t.element_type)]).result
+
+  def set_rows(self, x, row, value) -> ir.Value:
+    return hlo.DynamicUpdateSliceOp(x, value, [row, self.i32_scalar(0)]).result
 
   def mod(self, x, n: int) -> ir.Value:
     """(x + n) mod n for x >= -n, on i32 scalars (rem alone keeps the sign)."""
     return hlo.RemOp(hlo.AddOp(x, self.i32_scalar(n)).result, self.i32_scalar(n)).result
+
+  def add_i32(self, x, k: int) -> ir.Value:
+    return hlo.AddOp(x, self.i32_scalar(k)).result
 
   def bcast(self, x, shape, dims) -> ir.Value:
     t = ir.RankedTensorType(x.type)
     return hlo.BroadcastInDimOp(_tensor(shape, t.element_type), x, list(dims)).result
 
   # quantization: the ops of quantize.py, in its order
-  def quantize(self, x, layout: ring.ChunkLayout, fmt: qz.Int8Format) -> ir.Value:
-    """f32[C] -> int8 payload [C + 4 * blocks]: values then scale bytes."""
-    nb, b = layout.blocks, layout.block
-    blocks = self.reshape(x, (nb, b))
+  def quantize_rows(self, x, block: int, fmt: qz.Format) -> ir.Value:
+    """f32 [rows, s] -> int8 payload [rows, code bytes + 4 * blocks]: codes, then scale bytes."""
+    rows, s = _shape(x)
+    nb = s // block
+    blocks = self.reshape(x, (rows * nb, block))
     # Qp1: block metadata.
     amax = _reduce_max(hlo.AbsOp(blocks).result, self.splat(0, (), self.f32), self.f32)
-    scale = hlo.MulOp(amax, self.splat(qz.inverse(fmt.qmax), (nb,), self.f32)).result
-    positive = hlo.CompareOp(scale, self.splat(0, (nb,), self.f32),
+    scale = hlo.MulOp(amax, self.splat(qz.inverse(fmt.qmax), (rows * nb,), self.f32)).result
+    positive = hlo.CompareOp(scale, self.splat(0, (rows * nb,), self.f32),
                              hlo.ComparisonDirectionAttr.get("GT")).result
-    safe = hlo.SelectOp(positive, scale, self.splat(1, (nb,), self.f32)).result
-    # Qp2: scale and cast.
-    scaled = hlo.DivOp(blocks, self.bcast(safe, (nb, b), [0])).result
-    rounded = hlo.RoundNearestEvenOp(scaled).result
-    clamped = hlo.ClampOp(self.splat(-fmt.qmax, (), self.f32), rounded,
+    safe = hlo.SelectOp(positive, scale, self.splat(1, (rows * nb,), self.f32)).result
+    reciprocal = hlo.MinOp(hlo.DivOp(self.splat(1, (rows * nb,), self.f32), safe).result,
+                           self.splat(qz.FLT_MAX, (rows * nb,), self.f32)).result
+    # Qp2: scale, clamp, cast.
+    scaled = hlo.MulOp(blocks, self.bcast(reciprocal, (rows * nb, block), [0])).result
+    clamped = hlo.ClampOp(self.splat(-fmt.qmax, (), self.f32), scaled,
                           self.splat(fmt.qmax, (), self.f32)).result
-    q = self.reshape(self.convert(clamped, self.i8), (nb * b,))
-    scale_bytes = hlo.BitcastConvertOp(_tensor((nb, 4), self.i8), scale).result
-    return hlo.ConcatenateOp([q, self.reshape(scale_bytes, (nb * 4,))], 0).result
+    if fmt.fp8:
+      f8 = _fp8_type(fmt)
+      codes = self.bitcast(self.convert(clamped, f8), (rows * nb, block), self.i8)
+    else:
+      codes = self.convert(hlo.RoundNearestEvenOp(clamped).result, self.i8)
+    codes = self.reshape(codes, (rows, s))
+    if fmt.bits == 4:
+      codes = self.pack_int4(codes)
+    scale_bytes = self.reshape(self.bitcast(scale, (rows * nb, 4), self.i8), (rows, nb * 4))
+    return self.concat([codes, scale_bytes], 1)
 
-  def dequantize(self, payload, rows: int, layout: ring.ChunkLayout) -> ir.Value:
-    """int8 payload [rows, C + 4 * blocks] -> f32 [rows * C]."""
-    nb, b, c = layout.blocks, layout.block, layout.chunk
-    q = self.slice(payload, (0, 0), (rows, c))
-    scale_bytes = self.reshape(self.slice(payload, (0, c), (rows, c + 4 * nb)), (rows * nb, 4))
-    scale = hlo.BitcastConvertOp(_tensor((rows * nb,), self.f32), scale_bytes).result
-    values = self.convert(self.reshape(q, (rows * nb, b)), self.f32)
-    out = hlo.MulOp(values, self.bcast(scale, (rows * nb, b), [0])).result
-    return self.reshape(out, (rows * c,))
+  def dequantize_rows(self, payload, s: int, block: int, fmt: qz.Format,
+                      rotation_size: int = 0) -> ir.Value:
+    """int8 payload [rows, P] -> f32 [rows, s]; with a rotation size, also the
+    inverse rotation, as rotation.dequantize_rotated does it (on the codes)."""
+    rows, p = _shape(payload)
+    nb = s // block
+    code_bytes = fmt.code_bytes(s)
+    codes = self.slice(payload, (0, 0), (rows, code_bytes))
+    scale_bytes = self.reshape(self.slice(payload, (0, code_bytes), (rows, p)), (rows * nb, 4))
+    scale = self.bitcast(scale_bytes, (rows * nb,), self.f32)
+    if fmt.fp8:
+      values = self.convert(self.bitcast(codes, (rows, s), _fp8_type(fmt)), self.f32)
+    elif fmt.bits == 4:
+      values = self.convert(self.unpack_int4(codes), self.f32)
+    else:
+      values = self.convert(codes, self.f32)
+    if rotation_size:
+      values = self.butterflies(self.reshape(values, (rows * s,)), rotation_size)
+      scale = hlo.MulOp(scale, self.splat(rotation.norm(rotation_size), (rows * nb,),
+                                          self.f32)).result
+    out = hlo.MulOp(self.reshape(values, (rows * nb, block)),
+                    self.bcast(scale, (rows * nb, block), [0])).result
+    return self.reshape(out, (rows, s))
+
+  def pack_int4(self, q) -> ir.Value:
+    """int8 [rows, s] in [-7, 7] -> [rows, s/2]: value 2i low nibble, 2i+1 high nibble."""
+    rows, s = _shape(q)
+    pairs = self.reshape(q, (rows, s // 2, 2))
+    even = self.reshape(self.slice(pairs, (0, 0, 0), (rows, s // 2, 1)), (rows, s // 2))
+    odd = self.reshape(self.slice(pairs, (0, 0, 1), (rows, s // 2, 2)), (rows, s // 2))
+    low = hlo.AndOp(even, self.splat(0xF, (rows, s // 2), self.i8)).result
+    high = hlo.ShiftLeftOp(odd, self.splat(4, (rows, s // 2), self.i8)).result
+    return hlo.OrOp(low, high).result
+
+  def unpack_int4(self, packed) -> ir.Value:
+    """int8 [rows, s/2] -> int8 [rows, s], each nibble sign-extended."""
+    rows, half = _shape(packed)
+    four = self.splat(4, (rows, half), self.i8)
+    low = hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(packed, four).result, four).result
+    high = hlo.ShiftRightArithmeticOp(packed, four).result
+    pairs = self.concat([self.reshape(low, (rows, half, 1)), self.reshape(high, (rows, half, 1))], 2)
+    return self.reshape(pairs, (rows, 2 * half))
+
+  def butterflies(self, x, size: int) -> ir.Value:
+    """rotation.butterflies on a flat f32 vector."""
+    (m,) = _shape(x)
+    for h in rotation.stages(size):
+      pairs = self.reshape(x, (m // (2 * h), 2, h))
+      a = self.slice(pairs, (0, 0, 0), (m // (2 * h), 1, h))
+      b = self.slice(pairs, (0, 1, 0), (m // (2 * h), 2, h))
+      x = self.reshape(self.concat([hlo.AddOp(a, b).result, hlo.SubtractOp(a, b).result], 1),
+                       (m,))
+    return x
+
+  def hadamard(self, x, size: int) -> ir.Value:
+    """rotation.hadamard on a flat f32 vector: butterfly stages, then the norm."""
+    (m,) = _shape(x)
+    return hlo.MulOp(self.butterflies(x, size),
+                     self.splat(rotation.norm(size), (m,), self.f32)).result
+
+
+def _fp8_type(fmt: qz.Format) -> ir.Type:
+  return {"float8_e4m3fn": ir.Float8E4M3FNType, "float8_e5m2": ir.Float8E5M2Type}[fmt.fp8].get()
 
 
 def _reduce_max(x, init, element_type) -> ir.Value:
@@ -157,7 +244,10 @@ def _reduce_max(x, init, element_type) -> ir.Value:
 
 
 def _while(init: list[ir.Value], trip_count: int, body_fn) -> list[ir.Value]:
-  """for s in range(trip_count): carry = body_fn(s, *carry).  s is the first carry."""
+  """for s in range(trip_count): carry = body_fn(s, *carry).  s is the first carry.
+
+  Everything the body uses is carried (no implicit captures), as JAX does.
+  """
   em = _Emitter()
   operands = [em.i32_scalar(0)] + list(init)
   types = [v.type for v in operands]
@@ -171,77 +261,151 @@ def _while(init: list[ir.Value], trip_count: int, body_fn) -> list[ir.Value]:
   with ir.InsertionPoint(body):
     step = body.arguments[0]
     new = body_fn(step, *body.arguments[1:])
-    nxt = hlo.AddOp(step, em.i32_scalar(1)).result
-    hlo.ReturnOp([nxt] + list(new))
+    hlo.ReturnOp([em.add_i32(step, 1)] + list(new))
   return list(op.results)[1:]
 
 
-def emit_ring_allreduce(operands: list[ir.Value], plan: RingPlan,
-                        channels: ChannelAllocator,
-                        fmt: qz.Int8Format = qz.FORMATS["int8"]) -> list[ir.Value]:
-  """Emit the quantized ring for `operands` at the current insertion point.
+class _Collectives:
+  """The collectives of one site: fresh channel handles, the site's groups."""
+
+  def __init__(self, em: _Emitter, plan: RingPlan, channels: ChannelAllocator):
+    self.em, self.plan, self.channels = em, plan, channels
+    self.partition = plan.device_kind == "partition"
+
+  def _channel(self) -> dict:
+    if not self.partition:
+      return {}
+    return {"channel_handle": hlo.ChannelHandle.get(self.channels.new(), DEVICE_TO_DEVICE)}
+
+  def permute(self, x, direction: int) -> ir.Value:
+    pairs = np.array(self.plan.schedule.source_target_pairs(direction), np.int64).reshape(-1, 2)
+    return hlo.CollectivePermuteOp(x, self.em.groups_attr(pairs), **self._channel()).result
+
+  def all_to_all(self, x) -> ir.Value:
+    n = self.plan.layout.group_size
+    return hlo.AllToAllOp([x], 0, 0, n, self.em.groups_attr(self.plan.schedule.groups),
+                          **self._channel()).results[0]
+
+  def all_gather(self, x) -> ir.Value:
+    rows, p = _shape(x)
+    n = self.plan.layout.group_size
+    kwargs = self._channel()
+    if self.partition:
+      kwargs["use_global_device_ids"] = True
+    return hlo.AllGatherOp([_tensor((n * rows, p), self.em.i8)], [x], 0,
+                           self.em.groups_attr(self.plan.schedule.groups), **kwargs).results[0]
+
+
+def emit_allreduce(operands: list[ir.Value], plan: RingPlan,
+                   channels: ChannelAllocator) -> list[ir.Value]:
+  """Emit the quantized all-reduce of `plan.scheme` at the current insertion point.
 
   Returns one value per operand with the operand's type.
   """
   em = _Emitter()
-  layout, sched = plan.layout, plan.schedule
+  scheme, layout = plan.scheme, plan.layout
   n, c = layout.group_size, layout.chunk
-  payload_len = fmt.payload_bytes(c, layout.blocks)
-  pairs = np.array(sched.source_target_pairs(), np.int64).reshape(-1, 2)
+  coll = _Collectives(em, plan, channels)
 
-  def permute(x):
-    kwargs = {}
-    if plan.device_kind == "partition":
-      kwargs["channel_handle"] = hlo.ChannelHandle.get(channels.new(), DEVICE_TO_DEVICE)
-    attr = ir.DenseIntElementsAttr.get(pairs, type=_tensor(pairs.shape, ir.IntegerType.get_signless(64)))
-    return hlo.CollectivePermuteOp(x, attr, **kwargs).result
-
-  # Flatten every operand to f32 and lay them out as N chunks.
+  # Flatten every operand to f32, lay them out as N chunks, rotate.
   types = [ir.RankedTensorType(v.type) for v in operands]
-  flat = [em.reshape(em.convert(v, em.f32), (int(np.prod(t.shape, dtype=np.int64)),))
-          for v, t in zip(operands, types)]
-  x = flat[0] if len(flat) == 1 else hlo.ConcatenateOp(flat, 0).result
+  sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in types]
+  x = em.concat([em.reshape(em.convert(v, em.f32), (size,))
+                 for v, size in zip(operands, sizes)], 0)
   pad = layout.padded - layout.num_values
   if pad:
     x = hlo.PadOp(x, em.splat(0, (), em.f32), [0], [pad], [0]).result
+  rotating = scheme.rotation != rotation.NONE
+  if rotating:
+    x = em.hadamard(x, scheme.resolved_rotation_size)
   chunks = em.reshape(x, (n, c))
 
-  # This device's position in its group.
-  device = (hlo.PartitionIdOp() if plan.device_kind == "partition" else hlo.ReplicaIdOp()).result
-  device = em.reshape(em.convert(device, em.i32), (1,))
-  table = em.const(sched.rank_table(plan.num_devices), em.i32)
-  rank = em.reshape(hlo.DynamicSliceOp(table, [em.reshape(device, ())], [1],
-                                       results=[_tensor((1,), em.i32)]).result, ())
+  # The final dequantize also undoes the rotation (on the codes, exactly).
+  rotation_size = scheme.resolved_rotation_size if rotating else 0
+  if scheme.algorithm == scheme_lib.TWO_SHOT:
+    values = _emit_two_shot(em, coll, chunks, layout, scheme.fmt, rotation_size)
+  else:
+    values = _emit_ring(em, coll, chunks, _rank(em, plan, coll), layout, scheme, rotation_size)
 
-  # Reduce-scatter: N-1 steps of quantize -> permute -> dequantize -> f32 add.
-  def rs_step(step, partial, chunks_, rank_):
-    received = permute(em.quantize(partial, layout, fmt))
-    idx = em.mod(hlo.SubtractOp(hlo.SubtractOp(rank_, step).result, em.i32_scalar(1)).result, n)
-    local = em.dynamic_row(chunks_, idx, c)
-    return [hlo.AddOp(em.dequantize(em.reshape(received, (1, payload_len)), 1, layout),
-                      local).result, chunks_, rank_]
-
-  partial = em.dynamic_row(chunks, rank, c)
-  partial, _, _ = _while([partial, chunks, rank], n - 1, rs_step)
-
-  # Final quantization, once; then the all-gather forwards bytes unchanged.
-  own = em.quantize(partial, layout, fmt)
-  gathered = em.set_row(em.splat(0, (n, payload_len), em.i8), em.mod(
-      hlo.AddOp(rank, em.i32_scalar(1 - n)).result, n), own)
-
-  def ag_step(step, current, gathered_, rank_):
-    current = permute(current)
-    idx = em.mod(hlo.SubtractOp(rank_, step).result, n)
-    return [current, em.set_row(gathered_, idx, current), rank_]
-
-  _, gathered, _ = _while([own, gathered, rank], n - 1, ag_step)
-
-  # Every rank dequantizes all N chunks the same way: identical bits everywhere.
-  values = em.dequantize(gathered, n, layout)
+  # values: f32 [N, C], the same bits on every rank of the group.
+  flat = em.reshape(values, (n * c,))
   results, offset = [], 0
-  for t in types:
-    size = int(np.prod(t.shape, dtype=np.int64))
-    piece = em.slice(values, (offset,), (offset + size,))
+  for t, size in zip(types, sizes):
+    piece = em.slice(flat, (offset,), (offset + size,))
     results.append(em.convert(em.reshape(piece, t.shape), t.element_type))
     offset += size
   return results
+
+
+def _rank(em, plan, coll) -> ir.Value:
+  """This device's position in its group, an i32 scalar."""
+  device = (hlo.PartitionIdOp() if coll.partition else hlo.ReplicaIdOp()).result
+  device = em.reshape(em.convert(device, em.i32), (1,))
+  table = em.const(plan.schedule.rank_table(plan.num_devices), em.i32)
+  return em.reshape(hlo.DynamicSliceOp(table, [em.reshape(device, ())], [1],
+                                       results=[_tensor((1,), em.i32)]).result, ())
+
+
+def _emit_ring(em, coll, chunks, rank, layout, scheme, rotation_size) -> ir.Value:
+  """Reduce-scatter and all-gather loops over the lanes; returns f32 [N, C]."""
+  n, block, fmt = layout.group_size, layout.block, scheme.fmt
+  lanes = scheme.lanes(layout)
+  # Counter-clockwise lanes run the clockwise ring over the group reversed:
+  # there rank r sits at position N-1-r.
+  ccw_rank = hlo.SubtractOp(em.i32_scalar(n - 1), rank).result
+  rank_of = {1: rank, -1: ccw_rank}
+  k = len(lanes)
+
+  def rs_step(step, *carry):
+    partials, chunks_, ranks = list(carry[:k]), carry[k], {1: carry[k + 1], -1: carry[k + 2]}
+    new = []
+    for lane, partial in zip(lanes, partials):
+      received = coll.permute(em.quantize_rows(partial, block, fmt), lane.direction)
+      idx = em.mod(em.add_i32(hlo.SubtractOp(ranks[lane.direction], step).result, -1), n)
+      local = em.dynamic_rows(chunks_, idx, lane.offset, 1, lane.size)
+      new.append(hlo.AddOp(em.dequantize_rows(received, lane.size, block, fmt), local).result)
+    return new + [chunks_, ranks[1], ranks[-1]]
+
+  partials = [em.dynamic_rows(chunks, rank_of[lane.direction], lane.offset, 1, lane.size)
+              for lane in lanes]
+  carry = _while(partials + [chunks, rank, ccw_rank], n - 1, rs_step)
+  partials = carry[:k]
+
+  # Final quantization, once; then the all-gather forwards bytes unchanged.
+  owns = [em.quantize_rows(p, block, fmt) for p in partials]
+  gathered = []
+  for lane, own in zip(lanes, owns):
+    empty = em.splat(0, (n, _shape(own)[1]), em.i8)
+    gathered.append(em.set_rows(empty, em.mod(em.add_i32(rank_of[lane.direction], 1 - n), n),
+                                own))
+
+  def ag_step(step, *carry):
+    currents, outs = list(carry[:k]), list(carry[k:2 * k])
+    ranks = {1: carry[2 * k], -1: carry[2 * k + 1]}
+    new_cur, new_out = [], []
+    for lane, cur, out in zip(lanes, currents, outs):
+      cur = coll.permute(cur, lane.direction)
+      idx = em.mod(hlo.SubtractOp(ranks[lane.direction], step).result, n)
+      new_cur.append(cur)
+      new_out.append(em.set_rows(out, idx, cur))
+    return new_cur + new_out + [ranks[1], ranks[-1]]
+
+  carry = _while(owns + gathered + [rank, ccw_rank], n - 1, ag_step)
+  gathered = carry[k:2 * k]
+  # Every rank dequantizes all N chunks the same way: identical bits everywhere.
+  return em.concat([em.dequantize_rows(g, lane.size, block, fmt, rotation_size)
+                    for g, lane in zip(gathered, lanes)], 1)
+
+
+def _emit_two_shot(em, coll, chunks, layout, fmt, rotation_size) -> ir.Value:
+  """all_to_all -> f32 sum in group order -> quantize once -> all_gather; f32 [N, C]."""
+  n, c, block = layout.group_size, layout.chunk, layout.block
+  received = coll.all_to_all(em.quantize_rows(chunks, block, fmt))   # row j: from rank j
+
+  def sum_step(j, acc, received_):
+    row = em.dynamic_rows(received_, j, 0, 1, _shape(received_)[1])
+    return [hlo.AddOp(acc, em.dequantize_rows(row, c, block, fmt)).result, received_]
+
+  acc, _ = _while([em.splat(0, (1, c), em.f32), received], n, sum_step)
+  gathered = coll.all_gather(em.quantize_rows(acc, block, fmt))      # row j: rank j's sum
+  return em.dequantize_rows(gathered, c, block, fmt, rotation_size)

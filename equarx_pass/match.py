@@ -296,7 +296,7 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
     if reason:
       return Skip(site, reason)
   total = sum(o.size for o in site.operands)
-  layout = ring.chunk_layout(total, site.group_size, policy.block_size)
+  layout = policy.scheme.layout(total, site.group_size)
   return Candidate(site, op, layout, ring.make_schedule(site.groups))
 
 

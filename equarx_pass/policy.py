@@ -16,7 +16,10 @@ from equarx_pass.errors import FlagError
 
 ENV_VAR = "EQUARX_FLAGS"
 DTYPES = ("bf16", "f16", "f32")
-FORMATS = ("int8",)
+FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
+ALGORITHMS = ("ring", "two_shot", "bidirectional")
+ROTATIONS = ("none", "hadamard")
+BLOCK_LAYOUTS = ("fixed", "grid")
 # Bytes per element of each selectable element type (MLIR spelling).
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
@@ -30,6 +33,11 @@ class Policy:
   dtypes: tuple[str, ...] = DTYPES
   block_size: int = 1024        # values per f32 scale
   format: str = "int8"
+  algorithm: str = "ring"
+  rotation: str = "none"
+  rotation_size: int = 0        # Hadamard block, a power of two (0: see Scheme)
+  microshards: int = 1          # independent permutes per ring step
+  block_layout: str = "fixed"   # "grid": the paper's 8 x 128 scales per chunk
   report: bool = False          # print the site table after each rewrite
   compile_for: str = ""         # e.g. "tpu:v5e:2x2": also compile for that topology
 
@@ -43,10 +51,25 @@ class Policy:
     bad = [d for d in self.dtypes if d not in DTYPES]
     if bad or not self.dtypes:
       raise FlagError(f"--equarx_dtypes takes a comma list of {','.join(DTYPES)}, got {self.dtypes}")
-    if self.format not in FORMATS:
-      raise FlagError(f"--equarx_format must be one of {','.join(FORMATS)}, got {self.format!r}")
+    for flag, value, choices in (("format", self.format, FORMATS),
+                                 ("algorithm", self.algorithm, ALGORITHMS),
+                                 ("rotation", self.rotation, ROTATIONS),
+                                 ("block_layout", self.block_layout, BLOCK_LAYOUTS)):
+      if value not in choices:
+        raise FlagError(f"--equarx_{flag} must be one of {','.join(choices)}, got {value!r}")
+    try:
+      self.scheme
+    except ValueError as e:
+      raise FlagError(f"inconsistent --equarx_* flags: {e}") from None
     if self.compile_for:
       parse_compile_target(self.compile_for)
+
+  @property
+  def scheme(self):
+    """The quantized all-reduce this policy emits (scheme.Scheme)."""
+    from equarx_pass.scheme import Scheme
+    return Scheme(self.algorithm, self.format, self.block_size, self.block_layout,
+                  self.rotation, self.rotation_size, self.microshards)
 
   @classmethod
   def from_flags(cls, flags: str | None, base: Policy | None = None) -> Policy:
@@ -136,7 +159,13 @@ FLAGS = {f.name: f for f in [
     Flag("equarx_max_bytes", "max_bytes", _parse_int, "skip all-reduces with more operand bytes (0: no bound)"),
     Flag("equarx_dtypes", "dtypes", _parse_dtypes, "element types to rewrite, comma list of bf16,f16,f32"),
     Flag("equarx_block_size", "block_size", _parse_int, "values per f32 scale"),
-    Flag("equarx_format", "format", _parse_str, "wire format: int8"),
+    Flag("equarx_format", "format", _parse_str, "wire format: " + ",".join(FORMATS)),
+    Flag("equarx_algorithm", "algorithm", _parse_str, "collective: " + ",".join(ALGORITHMS)),
+    Flag("equarx_rotation", "rotation", _parse_str, "rotation before quantizing: none,hadamard"),
+    Flag("equarx_rotation_size", "rotation_size", _parse_int, "Hadamard block, a power of two dividing the block size (default: the largest such, <= 4096)"),
+    Flag("equarx_microshards", "microshards", _parse_int, "independent permutes per ring step"),
+    Flag("equarx_block_layout", "block_layout", _parse_str,
+         "fixed (--equarx_block_size values per scale) or grid (8x128 scales per chunk)"),
     Flag("equarx_report", "report", _parse_bool, "print the site table after each rewrite"),
     Flag("equarx_compile_for", "compile_for", _parse_str, "also compile for tpu:TOPOLOGY ahead of time"),
 ]}

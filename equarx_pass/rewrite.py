@@ -60,12 +60,12 @@ def _ring_bytes_before(site: match.Site) -> int:
   return total
 
 
-def _record(decision: match.Decision, scheme: str = "") -> SiteRecord:
+def _record(decision: match.Decision, policy: Policy) -> SiteRecord:
   site = decision.site
   before = _ring_bytes_before(site)
   if isinstance(decision, match.Candidate):
-    after = ring.ring_wire_bytes(decision.layout, 0).after
-    verdict, reason = "rewritten", scheme
+    after = ring.ring_wire_bytes(decision.layout, 0, policy.scheme.fmt).after
+    verdict, reason = "rewritten", policy.scheme.describe()
   else:
     after, verdict, reason = before, "skipped", decision.reason
   return SiteRecord(site.index, site.location, tuple(o.shape for o in site.operands),
@@ -90,25 +90,24 @@ def rewrite_module(module: ir.Module, policy: Policy) -> RewriteResult:
   facts = match.module_facts(out)
   ops = match.find_all_reduces(out)
   decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
-  scheme = f"{policy.format} ring, block {policy.block_size}"
-  records = [_record(d, scheme) for d in decisions]
+  records = [_record(d, policy) for d in decisions]
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
   if candidates:
     channels = build.ChannelAllocator(match.max_channel_handle(out))
     with out.context:
       for cand in candidates:
-        _replace(cand, channels)
+        _replace(cand, channels, policy)
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start)
 
 
-def _replace(cand: match.Candidate, channels: build.ChannelAllocator) -> None:
+def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Policy) -> None:
   op = cand.op
   plan = build.RingPlan(cand.layout, cand.schedule, cand.site.device_kind,
-                        cand.site.num_devices)
+                        cand.site.num_devices, policy.scheme)
   try:
     with op.location, ir.InsertionPoint(op):
-      new_values = build.emit_ring_allreduce(list(op.operands), plan, channels)
+      new_values = build.emit_allreduce(list(op.operands), plan, channels)
   except Exception as e:
     raise RewriteError(
         f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit the "

@@ -55,8 +55,8 @@ def chunk_layout(num_values: int, group_size: int, block_size: int, lanes: int =
   """Chunks of ceil(L/N) values rounded up to what the scheme needs.
 
   Fixed blocks: a chunk is a whole number of blocks, split evenly into `lanes`
-  (microshards x directions) of whole blocks, and a multiple of the rotation
-  size.  A plain chunk smaller than one block is one block of its own length
+  (microshards x directions) of whole blocks; a rotation block must lie inside
+  one quantization block (see rotation.dequantize_rotated).  A plain chunk smaller than one block is one block of its own length
   (rounded up to a multiple of 4, never past the block size): padding a
   100-value psum to 8 x 1024 values would be absurd.
   Grid (the paper's layout): 8 x 128 = 1024 scales per chunk whatever its size,
@@ -68,10 +68,14 @@ def chunk_layout(num_values: int, group_size: int, block_size: int, lanes: int =
     raise ValueError(f"block size must be >= 1, got {block_size}")
   per_rank = max(1, -(-num_values // group_size))
   if grid:
-    unit = math.lcm(GRID_SCALES, rotation_size or 1)
+    # The block (chunk / 1024) must be a multiple of the rotation size.
+    unit = GRID_SCALES * (rotation_size or 1)
     chunk = -(-per_rank // unit) * unit
     return ChunkLayout(num_values, group_size, chunk, chunk // GRID_SCALES)
-  unit = math.lcm(block_size * lanes, rotation_size or 1)
+  if rotation_size and block_size % rotation_size:
+    raise ValueError(f"the rotation size ({rotation_size}) must divide the block size "
+                     f"({block_size}): a rotation block must share one scale")
+  unit = block_size * lanes
   if unit == block_size and per_rank <= block_size:
     block = min(-(-per_rank // 4) * 4, block_size)
     return ChunkLayout(num_values, group_size, block, block)
@@ -158,7 +162,8 @@ def pad_chunks(x: np.ndarray, layout: ChunkLayout) -> np.ndarray:
 def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8
                 ) -> list[np.ndarray]:
   """The quantized ring on chunk matrices: x[r] is rank r's f32 [N, s] (ranks in
-  ring order: r sends to r + 1).  Returns every rank's dequantized [N, s] result."""
+  ring order: r sends to r + 1).  Returns what every rank holds at the end: the
+  codes [N, code bytes] and scales [N, blocks] of all N reduced chunks."""
   n = len(x)
   sched = RingSchedule((tuple(range(n)),))
   # Reduce-scatter: partial[r] is what rank r sends at the next step.
@@ -182,8 +187,8 @@ def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8
     cur = [cur[(r - 1) % n] for r in range(n)]
     for r in range(n):
       gathered[r][sched.all_gather_chunk(r, step)] = cur[r]
-  # Every rank dequantizes every chunk, its own included.
-  return [np.stack([qz.dequantize(q, s, block, fmt) for q, s in gathered[r]])
+  # Every rank holds every chunk's quantized bytes, its own included.
+  return [(np.stack([q for q, _ in gathered[r]]), np.stack([s for _, s in gathered[r]]))
           for r in range(n)]
 
 
@@ -200,7 +205,7 @@ def reference_allreduce(inputs: Sequence[np.ndarray], block_size: int,
   out_dtype = out_dtype or np.asarray(inputs[0]).dtype
   layout = chunk_layout(int(np.prod(shape, dtype=np.int64)), n, block_size)
   out = ring_chunks([pad_chunks(v, layout) for v in inputs], layout.block)
-  return [unpad(r, layout, shape, out_dtype) for r in out]
+  return [unpad(qz.dequantize(q, s, layout.block), layout, shape, out_dtype) for q, s in out]
 
 
 def unpad(chunks: np.ndarray, layout: ChunkLayout, shape, out_dtype) -> np.ndarray:

@@ -36,8 +36,8 @@ def stages(size: int) -> list[int]:
   return [1 << k for k in range(size.bit_length() - 1)]
 
 
-def hadamard(x: np.ndarray, size: int) -> np.ndarray:
-  """H_size applied to each consecutive block of `size` values of a flat f32 vector."""
+def butterflies(x: np.ndarray, size: int) -> np.ndarray:
+  """sqrt(size) * H_size on each consecutive block of `size` values (no normalisation)."""
   x = np.asarray(x, np.float32).reshape(-1)
   if x.size % size:
     raise ValueError(f"{x.size} values do not split into blocks of {size}")
@@ -46,8 +46,32 @@ def hadamard(x: np.ndarray, size: int) -> np.ndarray:
     a, b = pairs[:, 0, :], pairs[:, 1, :]
     with np.errstate(over="ignore", invalid="ignore"):
       x = np.stack([a + b, a - b], axis=1).reshape(-1)
+  return x
+
+
+def hadamard(x: np.ndarray, size: int) -> np.ndarray:
+  """H_size applied to each consecutive block of `size` values of a flat f32 vector."""
   with np.errstate(over="ignore", invalid="ignore"):
-    return (x * norm(size)).astype(np.float32)
+    return (butterflies(x, size) * norm(size)).astype(np.float32)
+
+
+def dequantize_rotated(codes: np.ndarray, scale: np.ndarray, block: int, fmt,
+                       size: int) -> np.ndarray:
+  """Dq followed by the inverse rotation, done as H(q * s) = (H q) * s.
+
+  Each rotation block lies inside one quantization block (size divides block),
+  so its values share one scale: the butterflies run on the code values (for
+  int8 and int4, sums of at most 127 * 4096 in magnitude: exact in f32), and
+  one multiply by scale * norm finishes.  Besides being exact, it leaves no
+  multiply feeding an add, so no backend can contract one into an FMA and the
+  bits cannot depend on that choice.
+  """
+  from equarx_pass import quantize as qz
+  code_values = qz.codes_to_f32(codes, fmt)
+  blocks = butterflies(code_values, size).reshape(scale.shape + (block,))
+  with np.errstate(over="ignore", invalid="ignore"):
+    factor = (scale * norm(size)).astype(np.float32)
+    return (blocks * factor[..., None]).astype(np.float32).reshape(code_values.shape)
 
 
 def matrix(size: int) -> np.ndarray:

@@ -21,6 +21,7 @@ TWO_SHOT = "two_shot"
 BIDIRECTIONAL = "bidirectional"
 ALGORITHMS = (RING, TWO_SHOT, BIDIRECTIONAL)
 BLOCK_LAYOUTS = ("fixed", "grid")
+GRID_ROTATION_SIZE = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Scheme:
   block_size: int = 1024
   block_layout: str = "fixed"     # "grid": 8 x 128 scales per chunk (the paper's)
   rotation: str = rotation.NONE
-  rotation_size: int = 1024
+  rotation_size: int = 0          # 0: the default for the block layout (resolved_rotation_size)
   microshards: int = 1
 
   def __post_init__(self):
@@ -52,7 +53,11 @@ class Scheme:
     if self.rotation not in rotation.ROTATIONS:
       raise ValueError(f"rotation must be none or hadamard, got {self.rotation!r}")
     if self.rotation != rotation.NONE:
-      rotation.check_size(self.rotation_size)
+      size = self.resolved_rotation_size
+      rotation.check_size(size)
+      if self.block_layout == "fixed" and self.block_size % size:
+        raise ValueError(f"the rotation size ({size}) must divide the block size "
+                         f"({self.block_size}): a rotation block must share one scale")
     if self.microshards < 1 or ring.GRID_SCALES % self.microshards:
       raise ValueError(f"microshards must divide {ring.GRID_SCALES}, got {self.microshards}")
     if self.microshards > 1 and self.algorithm == TWO_SHOT:
@@ -60,6 +65,16 @@ class Scheme:
     if self.format == "int4" and self.block_layout == "fixed" and self.block_size % 2:
       raise ValueError(f"int4 packs two values per byte: the block size must be even, "
                        f"got {self.block_size}")
+
+  @property
+  def resolved_rotation_size(self) -> int:
+    """The given size, else the largest power of two dividing the block (at most
+    4096), or 128 for the grid layout (whose block is chunk / 1024)."""
+    if self.rotation_size:
+      return self.rotation_size
+    if self.block_layout == "grid":
+      return GRID_ROTATION_SIZE
+    return min(self.block_size & -self.block_size, 4096)
 
   @property
   def fmt(self) -> qz.Format:
@@ -70,7 +85,7 @@ class Scheme:
     return 2 if self.algorithm == BIDIRECTIONAL else 1
 
   def layout(self, num_values: int, group_size: int) -> ring.ChunkLayout:
-    rot = self.rotation_size if self.rotation != rotation.NONE else 0
+    rot = self.resolved_rotation_size if self.rotation != rotation.NONE else 0
     return ring.chunk_layout(num_values, group_size, self.block_size,
                              self.microshards * self.directions, rot,
                              self.block_layout == "grid")
@@ -85,7 +100,7 @@ class Scheme:
     parts = [f"{self.format} {self.algorithm}"]
     parts.append("grid 8x128" if self.block_layout == "grid" else f"block {self.block_size}")
     if self.rotation != rotation.NONE:
-      parts.append(f"{self.rotation} {self.rotation_size}")
+      parts.append(f"{self.rotation} {self.resolved_rotation_size}")
     if self.microshards > 1:
       parts.append(f"{self.microshards} microshards")
     return ", ".join(parts)
@@ -107,9 +122,16 @@ def reference(inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype=None) -> l
   x = [ring.pad_chunks(v, layout) for v in inputs]
   rotating = scheme.rotation != rotation.NONE
   if rotating:
-    x = [rotation.hadamard(v, scheme.rotation_size).reshape(v.shape) for v in x]
+    x = [rotation.hadamard(v, scheme.resolved_rotation_size).reshape(v.shape) for v in x]
+
+  def finish(codes, scales):
+    if rotating:
+      return rotation.dequantize_rotated(codes, scales, layout.block, scheme.fmt,
+                                         scheme.resolved_rotation_size)
+    return qz.dequantize(codes, scales, layout.block, scheme.fmt)
+
   if scheme.algorithm == TWO_SHOT:
-    out = two_shot.two_shot_chunks(x, layout.block, scheme.fmt)
+    out = [finish(q, s) for q, s in two_shot.two_shot_chunks(x, layout.block, scheme.fmt)]
   else:
     out = [np.zeros_like(v) for v in x]
     for lane in scheme.lanes(layout):
@@ -118,7 +140,5 @@ def reference(inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype=None) -> l
       order = list(range(n)) if lane.direction == 1 else list(range(n))[::-1]
       res = ring.ring_chunks([x[r][:, cols] for r in order], layout.block, scheme.fmt)
       for pos, r in enumerate(order):
-        out[r][:, cols] = res[pos]
-  if rotating:
-    out = [rotation.hadamard(v, scheme.rotation_size).reshape(v.shape) for v in out]
+        out[r][:, cols] = finish(*res[pos])
   return [ring.unpad(v, layout, shape, out_dtype) for v in out]

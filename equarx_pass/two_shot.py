@@ -26,7 +26,8 @@ from equarx_pass import quantize as qz
 
 def two_shot_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8
                     ) -> list[np.ndarray]:
-  """x[r]: rank r's f32 [N, C].  Returns every rank's dequantized [N, C] result."""
+  """x[r]: rank r's f32 [N, C].  Returns what every rank holds at the end: codes
+  [N, code bytes] and scales [N, blocks] of all N reduced chunks."""
   n = len(x)
   sent = [qz.quantize(x[j], block, fmt) for j in range(n)]   # [N, C] codes, [N, blocks]
   owned = []
@@ -37,6 +38,6 @@ def two_shot_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT
       values = qz.codes_to_f32(q, fmt).reshape(s.shape + (block,))
       acc = qz.fused_multiply_add(values, s[:, None], acc.reshape(values.shape)).reshape(-1)
     owned.append(qz.quantize(acc, block, fmt))
-  gathered = [qz.dequantize(q, s, block, fmt) for q, s in owned]
-  out = np.stack(gathered)
-  return [out.copy() for _ in range(n)]
+  codes = np.stack([q for q, _ in owned])
+  scales = np.stack([s for _, s in owned])
+  return [(codes.copy(), scales.copy()) for _ in range(n)]
