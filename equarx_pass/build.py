@@ -145,7 +145,11 @@ class _Emitter:
     nb = s // block
     blocks = self.reshape(x, (rows * nb, block))
     # Qp1: block metadata.
-    amax = _reduce_max(hlo.AbsOp(blocks).result, self.splat(0, (), self.f32), self.f32)
+    # NaN counts as +inf (quantize.py): a max kernel may drop NaN, never an inf.
+    is_nan = hlo.CompareOp(blocks, blocks, hlo.ComparisonDirectionAttr.get("NE")).result
+    magnitude = hlo.SelectOp(is_nan, self.splat(np.inf, (rows * nb, block), self.f32),
+                             hlo.AbsOp(blocks).result).result
+    amax = _reduce_max(magnitude, self.splat(0, (), self.f32), self.f32)
     scale = hlo.MulOp(amax, self.splat(qz.inverse(fmt.qmax), (rows * nb,), self.f32)).result
     positive = hlo.CompareOp(scale, self.splat(0, (rows * nb,), self.f32),
                              hlo.ComparisonDirectionAttr.get("GT")).result

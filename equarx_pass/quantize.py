@@ -6,7 +6,7 @@ the end-to-end tests).
 
 Symmetric absmax, one f32 scale per block of B values, for a format whose
 largest code is QMAX (int8: 127, int4: 7, fp8 e4m3: 448, fp8 e5m2: 57344):
-  Qp1 (block metadata):  amax = max|x|,  scale = amax * f32(1/QMAX)
+  Qp1 (block metadata):  amax = max|x| (NaN counted as inf),  scale = amax * f32(1/QMAX)
   Qp2 (scale and cast):  v = clamp(x * min(f32(1 / safe), FLT_MAX), -QMAX, QMAX)
                           where safe = scale if scale > 0 else 1
                           int:  q = round_half_even(v) as int8 (int4: two per byte)
@@ -84,9 +84,11 @@ def block_scales(x: np.ndarray, block_size: int, qmax=INT8_MAX) -> np.ndarray:
   """Qp1: one f32 scale per block of the last axis (length divisible by block_size)."""
   x = np.asarray(x, np.float32)
   blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // block_size, block_size))
-  with np.errstate(invalid="ignore"):
-    # max of |x| with NaN propagating, like stablehlo.maximum on XLA.
-    amax = np.max(np.abs(blocks), axis=-1)
+  # NaN counts as +inf: XLA:CPU may run a large max-reduction in a kernel
+  # (YNNPACK) whose max drops NaN, but every max keeps an inf; an infinite scale
+  # makes every dequantized value of the block non-finite all the same.
+  magnitude = np.where(np.isnan(blocks), np.float32(np.inf), np.abs(blocks))
+  amax = np.max(magnitude, axis=-1)
   return (amax * inverse(qmax)).astype(np.float32)
 
 

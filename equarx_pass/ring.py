@@ -56,7 +56,8 @@ def chunk_layout(num_values: int, group_size: int, block_size: int, lanes: int =
 
   Fixed blocks: a chunk is a whole number of blocks, split evenly into `lanes`
   (microshards x directions) of whole blocks; a rotation block must lie inside
-  one quantization block (see rotation.dequantize_rotated).  A plain chunk smaller than one block is one block of its own length
+  one quantization block (see rotation.dequantize_rotated).  A plain chunk
+  (one lane, no rotation) smaller than one block is one block of its own length
   (rounded up to a multiple of 4, never past the block size): padding a
   100-value psum to 8 x 1024 values would be absurd.
   Grid (the paper's layout): 8 x 128 = 1024 scales per chunk whatever its size,
@@ -76,7 +77,7 @@ def chunk_layout(num_values: int, group_size: int, block_size: int, lanes: int =
     raise ValueError(f"the rotation size ({rotation_size}) must divide the block size "
                      f"({block_size}): a rotation block must share one scale")
   unit = block_size * lanes
-  if unit == block_size and per_rank <= block_size:
+  if unit == block_size and not rotation_size and per_rank <= block_size:
     block = min(-(-per_rank // 4) * 4, block_size)
     return ChunkLayout(num_values, group_size, block, block)
   chunk = -(-per_rank // unit) * unit
