@@ -21,6 +21,32 @@ _LOC_LINE_COL = re.compile(r':(\d+):(\d+)')
 # HLO parser errors say "was parsing 3:15: error: ...".
 _HLO_LINE_COL = re.compile(r'was parsing (\d+):(\d+): error: ([^\n]*)')
 
+# MLIR's and XLA's parsers and MLIR's printer are recursive: a few thousand
+# nested brackets, attributes or types overflow the C++ stack and kill the
+# process (SIGSEGV) instead of raising.  No real program nests a tenth as deep,
+# so deeper input is refused (text before parsing, attributes and types after).
+MAX_NESTING = 1000
+# Attributes and types are uniqued DAGs, so aliases (`#a1 = [#a0, #a0]`, in
+# text or bytecode) make a few bytes that print as 2^N values.  Legitimate
+# modules print about as large as they are stored.
+MAX_EXPANSION = 32
+# Ops nested in regions of ops: the pass walks them recursively, and so does
+# MLIR's printer.  JAX programs nest a few levels per lax.scan/cond/while.
+MAX_OP_NESTING = 200
+# Devices a module may claim (num_partitions x num_replicas); the rewrite emits
+# a rank table this long, and a bogus 2^31 would exhaust memory.
+MAX_DEVICES = 1 << 20
+# Dialects a StableHLO program (as JAX or XLA writes it) is made of.
+DIALECTS = ("builtin", "func", "stablehlo", "chlo", "sdy", "mhlo")
+# Brackets outside string literals and comments; "->" and "<=" / ">=" are not brackets.
+# (The string pattern is unrolled: a 100 MB hex constant must not take minutes.)
+_STRING = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
+_BRACKETS = re.compile(_STRING + r'|//[^\n]*|->|[<>]=|[][(){}<>]')
+# Alias definitions (`#loc3 = loc(...)`, `!t = tuple<...>`: groups 1 and 2), alias
+# uses (group 1), brackets (group 3) and line ends, outside strings and comments.
+_ALIAS_TOKENS = re.compile(
+    _STRING + r'|//[^\n]*|([#!][\w$.-]+)([ \t]*=(?![=>]))?|->|[<>]=|([][(){}<>])|\n')
+
 
 @dataclasses.dataclass
 class ParsedModule:
@@ -56,9 +82,71 @@ def parse_bytes(data: bytes | str, path: str = "<input>",
                      path, line) from None
   if "\x00" in text:
     raise ParseError("text contains NUL bytes", path, text[:text.index("\x00")].count("\n") + 1)
+  _check_nesting(text, path)
   if _first_code_line(text).startswith("HloModule"):
     return ParsedModule(_parse_hlo_text(text, path, context), "hlo-text", path)
+  _check_aliases(text, path)
   return ParsedModule(_parse_mlir(text, path, context), "stablehlo-text", path)
+
+
+def _check_nesting(text: str, path: str) -> None:
+  """Bracket depth, counted the way the parsers recurse, before they see the text."""
+  depth = 0
+  for m in _BRACKETS.finditer(text):
+    token = m.group()
+    if len(token) != 1:
+      continue
+    if token in "([{<":
+      depth += 1
+      if depth > MAX_NESTING:
+        line = text.count("\n", 0, m.start()) + 1
+        col = m.start() - text.rfind("\n", 0, m.start())
+        raise ParseError(f"brackets nested more than {MAX_NESTING} deep; "
+                         "the parser would overflow its stack", path, line, col)
+    else:
+      # Never below 0: stray closers must not pay for deeper nesting later.
+      depth = max(depth - 1, 0)
+
+
+def _check_aliases(text: str, path: str) -> None:
+  """Aliases used inside aliases nest and multiply when printed.
+
+  The checks after parsing measure attributes and types, but locations cannot
+  be taken apart from Python: this bounds them (and the rest) in the text.  An
+  alias definition runs from `#name =` to the end of its line, or further while
+  its brackets are open.
+  """
+  limit = MAX_EXPANSION * len(text) + (1 << 20)
+  measured = {}            # alias -> (depth, printed size)
+  current = None           # [name, start offset, line, depth, size, open brackets]
+
+  def close(end):
+    name, start, line, depth, size, _ = current
+    size += end - start
+    if depth > MAX_NESTING or size > limit:
+      why = (f"nests other aliases more than {MAX_NESTING} deep" if depth > MAX_NESTING else
+             f"expands to more than {MAX_EXPANSION}x the input's size")
+      raise ParseError(f"alias {name} {why}", path, line, 1)
+    measured[name] = (depth, size)
+
+  for m in _ALIAS_TOKENS.finditer(text):
+    name, is_def, bracket = m.group(1), m.group(2), m.group(3)
+    if name and is_def:
+      if current:
+        close(m.start())
+      current = [name, m.end(), text.count("\n", 0, m.start()) + 1, 1, 0, 0]
+    elif current is None:
+      continue
+    elif name:
+      d, n = measured.get(name, (0, 0))
+      current[3], current[4] = max(current[3], d + 1), current[4] + n
+    elif bracket:
+      current[5] += 1 if bracket in "([{<" else -1
+    elif m.group() == "\n" and current[5] <= 0:
+      close(m.start())
+      current = None
+  if current:
+    close(len(text))
 
 
 def _first_code_line(text: str) -> str:
@@ -79,7 +167,7 @@ def _parse_mlir(source, path: str, context: ir.Context) -> ir.Module:
     m = _LOC_LINE_COL.search(str(diag.location))
     line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
     raise ParseError(f"MLIR parse error: {diag.message}", path, line, col) from None
-  _check_is_stablehlo(module, path)
+  _check_is_stablehlo(module, path, len(source))
   return module
 
 
@@ -116,8 +204,12 @@ def _parse_hlo_text(text: str, path: str, context: ir.Context) -> ir.Module:
   i32 = ir.IntegerType.get_signless(32, context)
   for hlo_key, attr in (("num_partitions", "mhlo.num_partitions"),
                         ("replica_count", "mhlo.num_replicas")):
-    value = int(header.get(hlo_key, "1"))
-    module.operation.attributes[attr] = ir.IntegerAttr.get(i32, value)
+    value = header.get(hlo_key, "1")
+    if not value.isdigit() or not 1 <= int(value) <= MAX_DEVICES:
+      raise ParseError(f"HLO module header: {hlo_key}={value} is not a device count in "
+                       f"[1, {MAX_DEVICES}]", path, 1)
+    module.operation.attributes[attr] = ir.IntegerAttr.get(i32, int(value))
+  _check_device_counts(module, path)
   return module
 
 
@@ -140,9 +232,106 @@ def _hlo_header_fields(text: str) -> dict[str, str]:
   return fields
 
 
-def _check_is_stablehlo(module: ir.Module, path: str) -> None:
+def _check_is_stablehlo(module: ir.Module, path: str, source_size: int) -> None:
   names = {op.operation.name for op in module.body.operations}
   if "func.func" not in names:
     found = ", ".join(sorted(names)) or "nothing"
     raise ParseError(f"not a StableHLO program: the module has no func.func (found {found})",
                      path, 1, 1)
+  _check_device_counts(module, path)
+  # Iteratively, with explicit stacks: recursion is what is being guarded against.
+  measured = {}
+  printed = _measure(module.operation.attributes.values(), measured, path)
+  limit = MAX_EXPANSION * source_size + (1 << 20)
+  if printed > limit:
+    raise ParseError(f"module attributes expand to more than {MAX_EXPANSION}x the input's size",
+                     path)
+  stack = [(op.operation, 1) for op in module.body.operations]
+  while stack:
+    op, depth = stack.pop()
+    dialect = op.name.partition(".")[0]
+    if dialect not in DIALECTS:
+      raise ParseError(f"not a StableHLO program: {op.name} is an op of the {dialect} dialect "
+                       f"(expected only {', '.join(DIALECTS)})", path, *_text_position(op))
+    if depth > MAX_OP_NESTING:
+      raise ParseError(f"ops nested more than {MAX_OP_NESTING} regions deep", path,
+                       *_text_position(op))
+    printed += _measure(op.attributes.values(), measured, path)
+    printed += _measure([r.type for r in op.results], measured, path)
+    for region in op.regions:
+      for block in region.blocks:
+        printed += _measure([a.type for a in block.arguments], measured, path)
+        stack.extend((child.operation, depth + 1) for child in block.operations)
+    if printed > limit:
+      raise ParseError(f"attribute and type aliases expand to more than {MAX_EXPANSION}x "
+                       "the input's size", path, *_text_position(op))
+
+
+def _parts(node) -> list:
+  """The attributes and types directly inside an attribute or type."""
+  if isinstance(node, ir.ArrayAttr):
+    return list(node)
+  if isinstance(node, ir.DictAttr):
+    return [node[i].attr for i in range(len(node))]
+  if isinstance(node, ir.TypeAttr):
+    return [node.value]
+  if isinstance(node, ir.TupleType):
+    return [node.get_type(i) for i in range(node.num_types)]
+  if isinstance(node, ir.FunctionType):
+    return list(node.inputs) + list(node.results)
+  if isinstance(node, (ir.ShapedType, ir.ComplexType)):
+    return [node.element_type]
+  return []
+
+
+def _measure(roots, measured: dict, path: str) -> int:
+  """Printed size (nodes) of the attributes and types in `roots`.
+
+  Depth and size of each distinct attribute/type are computed once, post-order,
+  and kept in `measured`.
+  """
+  roots = list(roots)
+  for root in roots:
+    stack = [(root, False)]
+    while stack:
+      node, ready = stack.pop()
+      key = (isinstance(node, ir.Type), node)
+      if key in measured:
+        continue
+      parts = _parts(node)
+      if not ready:
+        stack.append((node, True))
+        stack.extend((p, False) for p in parts)
+        continue
+      depth, size = 1, 1
+      for p in parts:
+        d, n = measured[(isinstance(p, ir.Type), p)]
+        depth, size = max(depth, d + 1), size + n
+      if depth > MAX_NESTING:
+        raise ParseError(f"attributes or types nested more than {MAX_NESTING} deep", path)
+      # Capped: an alias bomb would otherwise make numbers with millions of digits.
+      measured[key] = (depth, min(size, 1 << 62))
+  return sum(measured[(isinstance(r, ir.Type), r)][1] for r in roots)
+
+
+def _check_device_counts(module: ir.Module, path: str) -> None:
+  """mhlo.num_partitions and mhlo.num_replicas, where given, are sane integers."""
+  attrs = module.operation.attributes
+  total = 1
+  for name in ("mhlo.num_partitions", "mhlo.num_replicas"):
+    if name not in attrs:
+      continue
+    attr = attrs[name]
+    value = ir.IntegerAttr(attr).value if isinstance(attr, ir.IntegerAttr) else None
+    if value is None or value < 1:
+      raise ParseError(f"module attribute {name} must be a positive integer, got {attr}", path)
+    total *= value
+  if total > MAX_DEVICES:
+    raise ParseError(f"the module claims {total} devices (mhlo.num_partitions x "
+                     f"mhlo.num_replicas); at most {MAX_DEVICES} are supported", path)
+
+
+def _text_position(op: ir.Operation) -> tuple[int | None, int | None]:
+  """(line, column) of an op in the parsed text, when its location is one ("-":L:C)."""
+  m = re.fullmatch(r'loc\("-":(\d+):(\d+)\)', str(op.location))
+  return (int(m.group(1)), int(m.group(2))) if m else (None, None)
