@@ -1,0 +1,165 @@
+"""Error table: relative L2 error and bits per value of every scheme, from the NumPy models.
+
+    python tools/error_table.py [--values 1048576] [--groups 2,4,8]
+                                [--activations FILE.npz] [--out docs/error_table]
+
+For each scheme x group size N x data set it runs equarx_pass.scheme.reference
+(the model the rewritten programs equal bit for bit on CPU) and prints the
+relative L2 error against the float64 sum, plus the bits each value costs on
+the wire.  Data sets, f32 per rank:
+  gaussian   independent N(0, 1) values
+  outlier    Gaussian with 4 of every 4096 channels scaled x100, like LLM
+             activations; "outlier/rest" is the error on the other channels alone
+  minilm     the real inputs of the all-reduce sites of all-MiniLM-L6-v2 run
+             tensor-parallel over 4 devices (python -m equarx_pass.examples.minilm
+             --capture FILE.npz); only N = 4, all sites concatenated
+Writes OUT.json and, if matplotlib is installed, OUT.png (error vs bits per value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from equarx_pass import scheme as scheme_lib  # noqa: E402
+from equarx_pass.policy import Policy  # noqa: E402
+
+SCHEMES = [
+    "--equarx_block_size=1024",
+    "--equarx_block_size=128",
+    "--equarx_block_layout=grid",
+    "--equarx_algorithm=two_shot",
+    "--equarx_algorithm=bidirectional",
+    "--equarx_rotation=hadamard",
+    "--equarx_algorithm=two_shot --equarx_rotation=hadamard",
+    "--equarx_algorithm=two_shot --equarx_rotation=hadamard --equarx_block_size=128",
+    "--equarx_rotation=hadamard --equarx_block_size=128",
+    "--equarx_format=int4 --equarx_block_size=128",
+    "--equarx_format=int4 --equarx_block_size=128 --equarx_rotation=hadamard",
+    "--equarx_format=int4 --equarx_block_size=128 --equarx_rotation=hadamard "
+    "--equarx_algorithm=two_shot",
+    "--equarx_format=fp8_e4m3",
+    "--equarx_format=fp8_e4m3 --equarx_rotation=hadamard --equarx_algorithm=two_shot",
+    "--equarx_format=fp8_e5m2",
+]
+
+
+def rel_err(result: np.ndarray, exact: np.ndarray, mask=None) -> float:
+  r = np.asarray(result, np.float64).reshape(-1)
+  e = exact.reshape(-1)
+  if mask is not None:
+    r, e = r[mask], e[mask]
+  return float(np.linalg.norm(r - e) / np.linalg.norm(e))
+
+
+def make_data(n: int, values: int, rng) -> dict:
+  gaussian = rng.standard_normal((n, values)).astype(np.float32)
+  channels = 4096
+  outlier = rng.standard_normal((n, values)).astype(np.float32)
+  hot = rng.choice(channels, 4, replace=False)
+  view = outlier.reshape(n, -1, channels)
+  view[:, :, hot] *= 100
+  rest = np.ones(channels, bool)
+  rest[hot] = False
+  return {"gaussian": (gaussian, None), "outlier": (outlier, np.tile(rest, values // channels))}
+
+
+def load_activations(path: str) -> np.ndarray:
+  """All sites' per-device inputs, [devices, values], padding tokens dropped."""
+  data = np.load(path)
+  mask = data["mask"]
+  parts = [data[str(site)][:, mask, :].reshape(data[str(site)].shape[0], -1)
+           for site in data["sites"]]
+  return np.concatenate(parts, axis=1).astype(np.float32)
+
+
+def run(schemes, groups, values, activations=None, seed=0) -> list[dict]:
+  rows = []
+  rng = np.random.default_rng(seed)
+  sets = {n: make_data(n, values, rng) for n in groups}
+  if activations is not None:
+    sets.setdefault(activations.shape[0], {})["minilm"] = (activations, None)
+  for flags in schemes:
+    scheme = Policy.from_flags("--equarx_enable " + flags).scheme
+    for n in groups + ([activations.shape[0]] if activations is not None and
+                       activations.shape[0] not in groups else []):
+      row = dict(scheme=scheme.describe(), flags=flags, n=n)
+      for name, (data, rest) in sets[n].items():
+        exact = data.astype(np.float64).sum(0)
+        start = time.perf_counter()
+        out = scheme_lib.reference(list(data), scheme)[0]
+        row["seconds"] = row.get("seconds", 0) + time.perf_counter() - start
+        row[name] = rel_err(out, exact)
+        if rest is not None:
+          row[name + "/rest"] = rel_err(out, exact, rest)
+        row["bits"] = scheme.bits_per_value(scheme.layout(data.shape[1], n))
+      rows.append(row)
+      print(_format_row(row), flush=True)
+  return rows
+
+
+COLUMNS = ["gaussian", "outlier", "outlier/rest", "minilm"]
+
+
+def _format_row(row) -> str:
+  cells = [f"{row.get(c):.2e}" if c in row else "-" for c in COLUMNS]
+  return (f"{row['scheme']:<52} N={row['n']}  {row['bits']:5.2f} bits  " +
+          "  ".join(f"{c} {v:>8}" for c, v in zip(COLUMNS, cells)))
+
+
+def plot(rows, path: str) -> bool:
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ImportError:
+    return False
+  fig, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=False)
+  for ax, data in zip(axes, ("gaussian", "outlier")):
+    for row in rows:
+      if row["n"] != max(r["n"] for r in rows) or data not in row:
+        continue
+      ax.scatter(row["bits"], row[data])
+      ax.annotate(row["scheme"], (row["bits"], row[data]), fontsize=6)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("bits per value on the wire")
+    ax.set_ylabel("relative L2 error vs float64 sum")
+    ax.set_title(f"{data}, N = {max(r['n'] for r in rows)}")
+    ax.grid(True, which="both", alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(path, dpi=90)
+  return True
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--values", type=int, default=1 << 20, help="values per rank")
+  parser.add_argument("--groups", default="2,4,8", help="group sizes N")
+  parser.add_argument("--activations", help="a --capture file of equarx_pass.examples.minilm")
+  parser.add_argument("--scheme", action="append", help="flag string (default: the built-in list)")
+  parser.add_argument("--out", default="docs/error_table", help="output path prefix")
+  args = parser.parse_args(argv)
+  groups = [int(g) for g in args.groups.split(",")]
+  activations = load_activations(args.activations) if args.activations else None
+  print(f"relative L2 error vs the float64 sum, {args.values} values per rank; "
+        f"bits = bits per value on the wire (bf16 ring: 16)")
+  rows = run(args.scheme or SCHEMES, groups, args.values, activations)
+  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+  with open(args.out + ".json", "w") as f:
+    json.dump(rows, f, indent=1)
+  if plot(rows, args.out + ".png"):
+    print(f"wrote {args.out}.json and {args.out}.png")
+  else:
+    print(f"wrote {args.out}.json (no matplotlib: no plot)")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
