@@ -331,28 +331,34 @@ def summary(agg: list[dict]) -> list[str]:
 
 
 def plot(agg: list[dict], path: str) -> None:
+  """Top row: median time per call; bottom row: speed-up over the bf16 ring."""
   plt = benchlib.pyplot()
   if plt is None:
     return
   keys = sorted({(r["rate"], r["dtype"]) for r in agg})
-  fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), squeeze=False)
-  for ax, (rate, dtype) in zip(axes[0], keys):
+  fig, axes = plt.subplots(2, len(keys), figsize=(3.6 * len(keys), 5.6), squeeze=False)
+  for col, (rate, dtype) in enumerate(keys):
     rs = [r for r in agg if r["rate"] == rate and r["dtype"] == dtype and "seconds" in r]
     for program in dict.fromkeys(r["program"] for r in rs):
-      pts = sorted((r["size"], r["vs_bf16ring"]) for r in rs if r["program"] == program
-                   and "vs_bf16ring" in r)
-      if not pts:
-        continue
+      mine = sorted((r for r in rs if r["program"] == program), key=lambda r: r["size"])
       style = "--" if program in BASELINES else "-"
-      ax.plot([p[0] / 2 ** 20 for p in pts], [p[1] for p in pts], style, marker=".",
-              label=label(program))
-    ax.set_xscale("log", base=2)
-    ax.axhline(1, color="grey", lw=0.5)
-    ax.set_title(f"{rate}, {dtype}")
-    ax.set_xlabel("MiB per device")
-    ax.set_ylabel("speed-up over the bf16 ring")
+      mib = [r["size"] / 2 ** 20 for r in mine]
+      axes[0][col].plot(mib, [r["seconds"] * 1e3 for r in mine], style, marker=".",
+                        label=label(program))
+      axes[1][col].plot(mib, [r.get("vs_bf16ring", float("nan")) for r in mine], style,
+                        marker=".", label=label(program))
+    axes[0][col].set_title(f"{rate}, {dtype}", fontsize=9)
+    axes[0][col].set_yscale("log")
+    axes[0][col].set_ylabel("median ms per all-reduce")
+    axes[1][col].axhline(1, color="grey", lw=0.5)
+    axes[1][col].set_ylabel("speed-up over the bf16 ring")
+    axes[1][col].set_xlabel("MiB per device")
+    for ax in (axes[0][col], axes[1][col]):
+      ax.set_xscale("log", base=2)
   axes[0][0].legend(fontsize=7)
-  fig.suptitle(f"all-reduce on {agg[0].get('hosts', '?')} emulated hosts", fontsize=9)
+  fig.suptitle(f"all-reduce on {agg[0].get('hosts', '?')} emulated hosts "
+               "(slowest host per call, median)", fontsize=9)
+  fig.tight_layout()
   benchlib.save_plot(fig, path)
 
 
@@ -370,10 +376,15 @@ def main() -> int:
   ap.add_argument("--warmup", type=int, default=1)
   ap.add_argument("--quick", action="store_true", help="few sizes, 3 repeats")
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "netbench.json"))
+  ap.add_argument("--replot", metavar="JSON", help="only redraw the plot of a saved run")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
     worker(json.loads(args.worker))
+    return 0
+  if args.replot:
+    with open(args.replot) as f:
+      plot(json.load(f)["results"], os.path.splitext(args.replot)[0] + ".png")
     return 0
 
   import netns
