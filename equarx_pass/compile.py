@@ -33,13 +33,14 @@ class TopologyCompile:
   quantized_permutes: int        # collective-permute(-start)s that move s8 data
   permutes: int                  # all collective-permute(-start)s
   all_reduces: int               # all-reduce(-start)s left in the TPU program
+  quantized_collectives: int     # permutes, all-to-alls and all-gathers that move s8 data
   cost: dict                     # the TPU compiler's cost_analysis(), as given
   hlo_text: str = dataclasses.field(repr=False, default="")
 
   def summary(self) -> str:
     return (f"compiled for {self.target} in {self.seconds:.2f} s: {self.num_devices} devices, "
-            f"{self.quantized_permutes} s8 collective-permutes of {self.permutes}, "
-            f"{self.all_reduces} all-reduces left")
+            f"{self.quantized_collectives} s8 collectives ({self.quantized_permutes} of "
+            f"{self.permutes} collective-permutes), {self.all_reduces} all-reduces left")
 
 
 def compile_for_target(module_text: str, target: str,
@@ -70,17 +71,22 @@ def compile_for_target(module_text: str, target: str,
 
 def _count_ops(hlo_text: str) -> dict:
   """Collective instructions of an HLO module text, by what they move."""
-  permutes = quantized = all_reduces = 0
+  permutes = quantized = all_reduces = quantized_collectives = 0
   for line in hlo_text.splitlines():
     _, eq, rhs = line.partition(" = ")
     if not eq:
       continue
+    moves_s8 = rhs.lstrip("(").startswith("s8[")
     if " collective-permute-start(" in rhs or " collective-permute(" in rhs:
       permutes += 1
-      quantized += rhs.lstrip("(").startswith("s8[")
+      quantized += moves_s8
+      quantized_collectives += moves_s8
+    elif any(f" {op}(" in rhs or f" {op}-start(" in rhs for op in ("all-to-all", "all-gather")):
+      quantized_collectives += moves_s8
     elif " all-reduce(" in rhs or " all-reduce-start(" in rhs:
       all_reduces += 1
-  return {"permutes": permutes, "quantized_permutes": quantized, "all_reduces": all_reduces}
+  return {"permutes": permutes, "quantized_permutes": quantized, "all_reduces": all_reduces,
+          "quantized_collectives": quantized_collectives}
 
 
 def _compile_in_this_process(module_text: str, target: str) -> dict:

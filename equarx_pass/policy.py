@@ -33,8 +33,10 @@ class Policy:
   dtypes: tuple[str, ...] = DTYPES
   block_size: int = 1024        # values per f32 scale
   format: str = "int8"
-  algorithm: str = "ring"
-  rotation: str = "none"
+  # Default: the scheme that meets the accuracy targets (README, "Schemes"):
+  # two quantizations per value instead of N, and outliers spread by the rotation.
+  algorithm: str = "two_shot"
+  rotation: str = "hadamard"
   rotation_size: int = 0        # Hadamard block, a power of two (0: see Scheme)
   microshards: int = 1          # independent permutes per ring step
   block_layout: str = "fixed"   # "grid": the paper's 8 x 128 scales per chunk

@@ -43,17 +43,18 @@ def test_rewrites_and_reports(mlp_mlir, tmp_path):
   proc = equarx_opt(mlp_mlir, "-o", out, "--report")
   assert proc.returncode == 0, proc.stderr
   assert "1 of 1 all-reduce sites rewritten" in proc.stdout
-  assert "rewritten" in proc.stdout and "int8 ring" in proc.stdout
+  # The default scheme: int8 two-shot with a Hadamard rotation.
+  assert "rewritten" in proc.stdout and "int8 two_shot, block 1024, hadamard 1024" in proc.stdout
   text = out.read_text()
   assert "stablehlo.all_reduce" not in text
-  assert "stablehlo.collective_permute" in text
+  assert "stablehlo.all_to_all" in text and "stablehlo.all_gather" in text
   # The output parses and verifies, and the input is untouched.
   equarx_pass.parse_bytes(text, str(out))
   assert mlp_mlir.read_bytes() == before
 
 
 def test_stdout_when_no_output(mlp_mlir):
-  proc = equarx_opt(mlp_mlir, "--equarx_block_size=256")
+  proc = equarx_opt(mlp_mlir, "--equarx_block_size=256", "--equarx_algorithm=ring")
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.startswith("module @jit_mlp")
   assert "collective_permute" in proc.stdout
@@ -171,5 +172,5 @@ def test_decorator_compile_for_tpu_topology():
   f.lower(jax.ShapeDtypeStruct((8, 32768), np.float32))
   tpu = f.report.lowerings[-1].tpu
   assert tpu is not None and tpu.target == "tpu:v4:2x2x1" and tpu.num_devices == 8
-  assert tpu.quantized_permutes >= 2 and tpu.all_reduces == 0
+  assert tpu.quantized_collectives >= 2 and tpu.all_reduces == 0
   assert "compiled for tpu:v4:2x2x1" in str(f.report)

@@ -16,7 +16,9 @@ from equarx_pass import ring
 MESH = Mesh(np.array(jax.devices()).reshape(8), ("x",))
 SHARDED = NamedSharding(MESH, P("x"))
 REPLICATED = NamedSharding(MESH, P())
-ON = "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=128"
+# The int8 ring, compared with ring.reference_allreduce below.
+ON = ("--equarx_enable --equarx_min_bytes=0 --equarx_block_size=128 "
+      "--equarx_algorithm=ring --equarx_rotation=none")
 
 
 def psum_body(x):
@@ -106,20 +108,24 @@ def test_disabled_is_plain_jax_jit():
 
 
 def test_env_flags_are_read_at_decoration(monkeypatch):
-  monkeypatch.setenv("EQUARX_FLAGS", "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=64")
+  monkeypatch.setenv("EQUARX_FLAGS", "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=64 "
+                     "--equarx_algorithm=ring --equarx_rotation=none")
   w = equarx_pass.jit(PSUM)
   monkeypatch.setenv("EQUARX_FLAGS", "--noequarx_enable")   # too late for w
-  assert w.policy == equarx_pass.Policy(enable=True, min_bytes=0, block_size=64)
+  assert w.policy == equarx_pass.Policy(enable=True, min_bytes=0, block_size=64,
+                                        algorithm="ring", rotation="none")
   x = data()
   assert_bits_equal(w(x), expected(x, 64))
   assert not equarx_pass.jit(PSUM).policy.enable             # a new decoration sees the new value
 
 
 def test_flags_and_policy_override_env(monkeypatch):
-  monkeypatch.setenv("EQUARX_FLAGS", "--equarx_enable --equarx_block_size=64 --equarx_min_bytes=0")
+  monkeypatch.setenv("EQUARX_FLAGS", "--equarx_enable --equarx_block_size=64 --equarx_min_bytes=0 "
+                     "--equarx_algorithm=ring --equarx_rotation=none")
   # flags= goes on top of the environment: the block size changes, the rest stays.
   w = equarx_pass.jit(PSUM, flags="--equarx_block_size=256")
-  assert w.policy == equarx_pass.Policy(enable=True, min_bytes=0, block_size=256)
+  assert w.policy == equarx_pass.Policy(enable=True, min_bytes=0, block_size=256,
+                                        algorithm="ring", rotation="none")
   # policy= replaces the environment as the base; flags= still applies on top.
   base = equarx_pass.Policy(enable=True, min_bytes=0, block_size=32, dtypes=("f32",))
   assert equarx_pass.jit(PSUM, policy=base).policy == base

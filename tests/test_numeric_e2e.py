@@ -25,6 +25,10 @@ import equarx_pass
 from equarx_pass import _jax_private, parse, ring
 from equarx_pass.policy import Policy
 
+# These tests pin the int8 ring against ring.reference_allreduce; the default
+# scheme (two-shot + Hadamard) and the others are in test_schemes_e2e.py.
+RING = "--equarx_algorithm=ring --equarx_rotation=none"
+
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"f32": np.dtype(np.float32), "bf16": BF16, "f16": np.dtype(np.float16)}
 # Half an ulp of the output type, relative, and the smallest absolute rounding step.
@@ -41,7 +45,8 @@ MESHES = {
 
 
 def flags(block: int, extra: str = "") -> str:
-  return f"--equarx_enable --equarx_min_bytes=0 --equarx_block_size={block} {extra}".strip()
+  return (f"--equarx_enable --equarx_min_bytes=0 --equarx_block_size={block} "
+          f"{RING} {extra}").strip()
 
 
 # --- helpers --------------------------------------------------------------------
@@ -377,7 +382,8 @@ def test_multi_operand_all_reduce_is_one_ring():
   a, b = gaussian(rng, (1001,), BF16, (8,)), gaussian(rng, (7, 13), BF16, (8,))
   lowered = jax.jit(g).lower(a, b)
   module = parse.parse_bytes(MULTI_OPERAND, context=lowered.compiler_ir("stablehlo").context).module
-  result = equarx_pass.rewrite_module(module, Policy(enable=True, min_bytes=0, block_size=128))
+  result = equarx_pass.rewrite_module(module, Policy(enable=True, min_bytes=0, block_size=128,
+                                                     algorithm="ring", rotation="none"))
   assert [(r.decision, r.shapes) for r in result.records] == [("rewritten", ((1, 1001), (1, 7, 13)))]
   got_a, got_b = _jax_private.lowered_with_module(lowered, result.module).compile()(a, b)
 
@@ -401,7 +407,7 @@ def test_unselected_all_reduces_equal_plain_jit():
             jax.lax.pmax(m, "b"))          # not a sum
   spec = P("a", "b")
   g = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
-  w = equarx_pass.jit(g, flags="--equarx_enable --equarx_min_bytes=1024 --equarx_block_size=128")
+  w = equarx_pass.jit(g, flags="--equarx_enable --equarx_min_bytes=1024 --equarx_block_size=128 " + RING)
   rng = np.random.default_rng(8)
   args = (gaussian(rng, (2000,), np.float32, (2, 4)),
           rng.integers(-1000, 1000, (2, 4, 300), dtype=np.int32),

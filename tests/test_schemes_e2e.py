@@ -16,11 +16,12 @@ import equarx_pass
 from equarx_pass import scheme as scheme_lib
 
 SCHEMES = [
-    "",
+    "",                                   # the default: int8 two-shot, Hadamard 1024
+    "--equarx_algorithm=ring --equarx_rotation=none",
     "--equarx_block_size=128",
     "--equarx_algorithm=two_shot",
     "--equarx_algorithm=bidirectional",
-    "--equarx_microshards=4",
+    "--equarx_algorithm=ring --equarx_microshards=4",
     "--equarx_algorithm=bidirectional --equarx_microshards=2",
     "--equarx_rotation=hadamard",
     "--equarx_algorithm=two_shot --equarx_rotation=hadamard",

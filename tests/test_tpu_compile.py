@@ -23,14 +23,17 @@ def read_fixture(name: str) -> str:
     return f.read()
 
 
-def rewrite(name: str, flags: str = "--equarx_enable"):
+RING = " --equarx_algorithm=ring --equarx_rotation=none"
+
+
+def rewrite(name: str, flags: str = "--equarx_enable" + RING):
   return equarx_pass.transform_text(read_fixture(name), equarx_pass.Policy.from_flags(flags),
                                     name)
 
 
 def test_v5e_compiles_the_rewritten_4_device_mlp():
   # Through the policy, as `equarx-opt --equarx_compile_for` does it.
-  result = rewrite("tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2")
+  result = rewrite("tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2" + RING)
   tpu = result.tpu
   assert tpu.target == "tpu:v5e:2x2" and tpu.num_devices == 4
   # The reduce-scatter and the all-gather permute, both moving int8; no all-reduce left.
@@ -67,3 +70,12 @@ def test_wrong_device_count_is_a_compile_error():
   result = rewrite("tp_mlp_f32.mlir")          # 8 devices; v5e:2x2 has 4
   with pytest.raises(CompileError, match="runs on 8 devices .* but v5e:2x2 has 4"):
     compile_for_target(result.text, "tpu:v5e:2x2")
+
+
+def test_default_scheme_compiles_for_v5e():
+  """The default two-shot scheme: its all-to-all and all-gather move s8 data on TPU."""
+  result = rewrite("tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2")
+  tpu = result.tpu
+  assert [r.decision for r in result.records] == ["rewritten"]
+  assert tpu.all_reduces == 0 and tpu.permutes == 0
+  assert tpu.quantized_collectives >= 2

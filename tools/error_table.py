@@ -30,23 +30,25 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from equarx_pass import scheme as scheme_lib  # noqa: E402
 from equarx_pass.policy import Policy  # noqa: E402
 
+# Every entry names its algorithm and rotation: the policy's defaults are not assumed.
+R, T, B = "--equarx_algorithm=ring", "--equarx_algorithm=two_shot", "--equarx_algorithm=bidirectional"
+H, NOROT = "--equarx_rotation=hadamard", "--equarx_rotation=none"
 SCHEMES = [
-    "--equarx_block_size=1024",
-    "--equarx_block_size=128",
-    "--equarx_block_layout=grid",
-    "--equarx_algorithm=two_shot",
-    "--equarx_algorithm=bidirectional",
-    "--equarx_rotation=hadamard",
-    "--equarx_algorithm=two_shot --equarx_rotation=hadamard",
-    "--equarx_algorithm=two_shot --equarx_rotation=hadamard --equarx_block_size=128",
-    "--equarx_rotation=hadamard --equarx_block_size=128",
-    "--equarx_format=int4 --equarx_block_size=128",
-    "--equarx_format=int4 --equarx_block_size=128 --equarx_rotation=hadamard",
-    "--equarx_format=int4 --equarx_block_size=128 --equarx_rotation=hadamard "
-    "--equarx_algorithm=two_shot",
-    "--equarx_format=fp8_e4m3",
-    "--equarx_format=fp8_e4m3 --equarx_rotation=hadamard --equarx_algorithm=two_shot",
-    "--equarx_format=fp8_e5m2",
+    f"{R} {NOROT} --equarx_block_size=1024",
+    f"{R} {NOROT} --equarx_block_size=128",
+    f"{R} {NOROT} --equarx_block_layout=grid",
+    f"{T} {NOROT}",
+    f"{B} {NOROT}",
+    f"{R} {H}",
+    f"{T} {H}",                                   # the default
+    f"{T} {H} --equarx_block_size=128",
+    f"{R} {H} --equarx_block_size=128",
+    f"{R} {NOROT} --equarx_format=int4 --equarx_block_size=128",
+    f"{R} {H} --equarx_format=int4 --equarx_block_size=128",
+    f"{T} {H} --equarx_format=int4 --equarx_block_size=128",
+    f"{R} {NOROT} --equarx_format=fp8_e4m3",
+    f"{T} {H} --equarx_format=fp8_e4m3",
+    f"{R} {NOROT} --equarx_format=fp8_e5m2",
 ]
 
 
