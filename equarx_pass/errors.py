@@ -18,6 +18,7 @@ class ParseError(EquarxError):
   def __init__(self, message: str, path: str | None = None,
                line: int | None = None, column: int | None = None):
     self.path, self.line, self.column = path, line, column
+    self.message = message    # without the position prefix
     where = path or "<input>"
     if line is not None:
       where += f":{line}"

@@ -2,12 +2,25 @@
 
 The first stage of parse -> match -> rewrite -> verify -> compile.  Every failure
 is a ParseError naming the file and, where the parser says, the line and column.
+No input may crash the process: text is checked before MLIR parses it (nesting,
+aliases) and the module after (dialects, depth, sizes); bytecode and HLO text,
+whose C++ parsers crash on corrupted input, are parsed in a helper process.
 """
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import json
+import os
 import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
 
 from jax.extend import mlir as jax_mlir
 from jax.extend.mlir import ir
@@ -73,7 +86,8 @@ def parse_bytes(data: bytes | str, path: str = "<input>",
   if not data.strip():
     raise ParseError("empty input: expected StableHLO (MLIR) or XLA HLO text", path)
   if data.startswith(MLIR_BYTECODE_MAGIC):
-    return _parse_bytecode(data, path, context)
+    text, kind = _HELPER.convert(b"b", data, path)
+    return ParsedModule(_parse_converted(text, path, context), kind, path)
   try:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
@@ -165,39 +179,74 @@ def _parse_mlir(source, path: str, context: ir.Context) -> ir.Module:
     if diag is None:
       raise ParseError(f"not a valid MLIR module: {e}", path) from None
     m = _LOC_LINE_COL.search(str(diag.location))
-    line, col = (int(m.group(1)), int(m.group(2))) if m else (None, None)
+    # Bytecode errors come at "-":0:0, which is no position.
+    line, col = (int(m.group(1)), int(m.group(2))) if m and m.group(1) != "0" else (None, None)
     raise ParseError(f"MLIR parse error: {diag.message}", path, line, col) from None
   _check_is_stablehlo(module, path, len(source))
   return module
 
 
-def _parse_bytecode(data: bytes, path: str, context: ir.Context) -> ParsedModule:
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+  """MLIR bytecode's prefix varint at `pos`: (value, next position).  IndexError past the end."""
+  first = data[pos]
+  if first & 1:
+    return first >> 1, pos + 1
+  if first == 0:
+    return int.from_bytes(data[pos + 1:pos + 9], "little"), pos + 9
+  size = (first & -first).bit_length()      # trailing zero bits + 1 = bytes in all
+  if pos + size > len(data):
+    raise IndexError(pos)
+  return int.from_bytes(data[pos:pos + size], "little") >> size, pos + size
+
+
+def _check_bytecode_strings(data: bytes, path: str) -> None:
+  """The producer and the string table of MLIR bytecode must be UTF-8.
+
+  The reader quotes them in its diagnostics (every diagnostic gets a note "produced
+  by: <producer>"), and the Python bindings abort the process (SIGABRT, a nanobind
+  conversion error) on a diagnostic that is not UTF-8.  Anything else malformed
+  here is left to the reader, which reports it without quoting raw bytes.
+  """
+  def bad(what):
+    raise ParseError(f"MLIR bytecode whose {what} is not UTF-8 text: corrupted", path)
   try:
-    return ParsedModule(_parse_mlir(data, path, context), "stablehlo-bytecode", path)
-  except ParseError as first:
-    # A jax.export portable artifact is VHLO bytecode: upgrade it to StableHLO.
+    _, pos = _varint(data, len(MLIR_BYTECODE_MAGIC))
+    end = data.index(b"\0", pos)
     try:
-      stablehlo = jax_mlir.deserialize_portable_artifact(data)
-    except Exception:
-      raise first from None
-    return ParsedModule(_parse_mlir(stablehlo, path, context), "portable-artifact", path)
+      data[pos:end].decode("utf-8")
+    except UnicodeDecodeError:
+      bad("producer string")
+    pos = end + 1
+    while pos < len(data):
+      section, pos = data[pos], pos + 1
+      length, pos = _varint(data, pos)
+      if section & 0x80:                   # aligned: alignment, then padding
+        alignment, pos = _varint(data, pos)
+        if alignment:
+          pos += -pos % alignment
+      body = data[pos:pos + length]
+      pos += length
+      if section & 0x7F != 0:              # 0: the string section
+        continue
+      count, at = _varint(body, 0)
+      end = len(body)
+      for _ in range(count):               # lengths in reverse order, strings from the back
+        size, at = _varint(body, at)
+        if not 0 < size <= end:
+          return
+        try:
+          body[end - size:end - 1].decode("utf-8")
+        except UnicodeDecodeError:
+          bad("string table")
+        end -= size
+  except (IndexError, ValueError):
+    return
 
 
 def _parse_hlo_text(text: str, path: str, context: ir.Context) -> ir.Module:
   """HLO text -> HloModuleProto -> StableHLO, carrying over what the conversion drops."""
-  try:
-    proto = _jax_private.hlo_text_to_proto(text)
-  except Exception as e:  # jaxlib raises JaxRuntimeError (INVALID_ARGUMENT)
-    m = _HLO_LINE_COL.search(str(e))
-    if m:
-      raise ParseError(f"HLO parse error: {m.group(3)}", path,
-                       int(m.group(1)), int(m.group(2))) from None
-    raise ParseError(f"HLO parse error: {str(e).splitlines()[0]}", path) from None
-  try:
-    bytecode = jax_mlir.hlo_to_stablehlo(proto)
-  except Exception as e:
-    raise ParseError(f"cannot convert HLO to StableHLO: {e}", path) from None
-  module = _parse_mlir(bytecode, path, context)
+  converted, _ = _HELPER.convert(b"h", text.encode(), path)
+  module = _parse_converted(converted, path, context)
   # The conversion loses the partition and replica counts: put them back from the
   # header, or every collective would look like a single-device one.
   header = _hlo_header_fields(text)
@@ -335,3 +384,183 @@ def _text_position(op: ir.Operation) -> tuple[int | None, int | None]:
   """(line, column) of an op in the parsed text, when its location is one ("-":L:C)."""
   m = re.fullmatch(r'loc\("-":(\d+):(\d+)\)', str(op.location))
   return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+# --- parsers that can crash, in a helper process -------------------------------
+# MLIR's bytecode reader and XLA's HLO text parser are not hardened against
+# corrupted input: fuzzing (tools/fuzz.py) found one-byte changes that make them
+# corrupt the heap (SIGABRT "malloc(): invalid size"), segfault, or fail an XLA
+# CHECK (SIGABRT).  So those inputs are parsed in a helper process, which sends
+# the module back as MLIR text with its locations; the text then goes through the
+# in-process text parser and every check above.  The helper starts on first use
+# (it imports JAX, about 2 s) and serves later calls; a crash costs a restart.
+
+def _parse_converted(text: str, path: str, context: ir.Context) -> ir.Module:
+  """Text the helper printed.  Its lines are not the input's: errors drop them."""
+  try:
+    _check_nesting(text, path)
+    _check_aliases(text, path)
+    return _parse_mlir(text, path, context)
+  except ParseError as e:
+    raise ParseError(e.message, path) from None
+
+
+def _convert(kind: bytes, data: bytes, limit: int) -> tuple[str, str]:
+  """In the helper: bytecode or HLO text -> (MLIR text, input kind)."""
+  context = _jax_private.make_ir_context()
+  if kind == b"b":
+    _check_bytecode_strings(data, None)
+    try:
+      module, input_kind = _parse_mlir(data, None, context), "stablehlo-bytecode"
+    except ParseError as first:
+      # A jax.export portable artifact is VHLO bytecode: upgrade it to StableHLO.
+      try:
+        stablehlo = jax_mlir.deserialize_portable_artifact(data)
+      except Exception:
+        raise first from None
+      module, input_kind = _parse_mlir(stablehlo, None, context), "portable-artifact"
+  else:
+    text = data.decode()
+    try:
+      proto = _jax_private.hlo_text_to_proto(text)
+    except Exception as e:  # jaxlib raises JaxRuntimeError (INVALID_ARGUMENT)
+      m = _HLO_LINE_COL.search(str(e))
+      if m:
+        raise ParseError(f"HLO parse error: {m.group(3)}", None,
+                         int(m.group(1)), int(m.group(2))) from None
+      raise ParseError(f"HLO parse error: {str(e).splitlines()[0]}") from None
+    try:
+      bytecode = jax_mlir.hlo_to_stablehlo(proto)
+    except Exception as e:
+      raise ParseError(f"cannot convert HLO to StableHLO: {e}") from None
+    module, input_kind = _parse_mlir(bytecode, None, context), "hlo-text"
+  out = _BoundedText(limit)
+  module.operation.print(enable_debug_info=True, file=out)
+  return "".join(out.parts), input_kind
+
+
+class _BoundedText:
+  """A file for ir printing that stops the helper once the text passes `limit`.
+
+  Raising from inside the printer's callback would abort the process, so the
+  helper answers and exits instead.
+  """
+
+  def __init__(self, limit: int):
+    self.limit, self.size, self.parts = limit, 0, []
+
+  def write(self, part: str) -> None:
+    self.size += len(part)
+    if self.size > self.limit:
+      _reply(b"e", json.dumps([f"prints as more than {MAX_EXPANSION}x the input's size "
+                               "(nested locations or aliases)", None, None]).encode())
+      os._exit(0)
+    self.parts.append(part)
+
+
+_PROTOCOL = None   # the helper's reply stream
+
+
+def _reply(status: bytes, payload: bytes) -> None:
+  _PROTOCOL.write(status + len(payload).to_bytes(8, "big") + payload)
+  _PROTOCOL.flush()
+
+
+def helper_main() -> None:
+  """The helper's loop: requests on stdin, replies on (what was) stdout."""
+  global _PROTOCOL
+  # Keep the protocol stream to ourselves: anything printed goes to stderr.
+  _PROTOCOL = os.fdopen(os.dup(1), "wb")
+  os.dup2(2, 1)
+  requests = sys.stdin.buffer
+  while True:
+    header = requests.read(9)
+    if len(header) < 9:
+      return
+    kind, size = header[:1], int.from_bytes(header[1:], "big")
+    data = requests.read(size)
+    limit = MAX_EXPANSION * size + (1 << 20)
+    try:
+      text, input_kind = _convert(kind, data, limit)
+    except ParseError as e:
+      _reply(b"e", json.dumps([e.message, e.line, e.column]).encode())
+    else:
+      _reply(b"t", input_kind.encode() + b"\0" + text.encode())
+
+
+class _Helper:
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.proc = None
+    self.stderr = None
+
+  def _start(self) -> None:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    self.stderr = tempfile.TemporaryFile()
+    self.proc = subprocess.Popen(
+        [sys.executable, "-c", "from equarx_pass import parse; parse.helper_main()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+
+  def stop(self) -> None:
+    if self.proc is not None:
+      self.proc.kill()
+      self.proc.wait()
+      self.proc = None
+
+  def convert(self, kind: bytes, data: bytes, path: str) -> tuple[str, str]:
+    """Bytecode (b"b") or HLO text (b"h") -> (MLIR text, input kind), in the helper."""
+    what = "MLIR bytecode reader" if kind == b"b" else "XLA HLO parser"
+    # Generous: the helper's start, then a parse and a print proportional to the size.
+    # (Fuzzing found bytecode on which the reader loops for good.)
+    deadline = time.monotonic() + 60 + len(data) / 1e5
+    with self.lock:
+      if self.proc is None or self.proc.poll() is not None:
+        self._start()
+      self.stderr.seek(0)
+      self.stderr.truncate()
+      try:
+        self.proc.stdin.write(kind + len(data).to_bytes(8, "big") + data)
+        self.proc.stdin.flush()
+        header = self._read(9, deadline)
+        payload = self._read(int.from_bytes(header[1:], "big"), deadline)
+      except TimeoutError:
+        self.stop()
+        raise ParseError(f"the {what} did not finish in time on this input", path) from None
+      except (OSError, EOFError):
+        code = self.proc.wait()
+        self.proc = None
+        raise ParseError(f"the {what} crashed on this input ({self._why(code)}); "
+                         "the file is corrupted", path) from None
+    if header[:1] == b"e":
+      message, line, column = json.loads(payload)
+      raise ParseError(message, path, line, column)
+    kind_name, _, text = payload.partition(b"\0")
+    return text.decode(), kind_name.decode()
+
+  def _read(self, size: int, deadline: float) -> bytes:
+    out = bytearray()
+    fd = self.proc.stdout.fileno()
+    while len(out) < size:
+      left = deadline - time.monotonic()
+      if left <= 0 or not select.select([fd], [], [], left)[0]:
+        raise TimeoutError
+      chunk = os.read(fd, min(size - len(out), 1 << 20))
+      if not chunk:
+        raise EOFError
+      out += chunk
+    return bytes(out)
+
+  def _why(self, code: int) -> str:
+    """The signal, and XLA's CHECK message if the helper printed one."""
+    why = signal.Signals(-code).name if code < 0 else f"exit status {code}"
+    self.stderr.seek(0)
+    for line in self.stderr.read().decode(errors="replace").splitlines():
+      if "Check failed" in line or "malloc()" in line:
+        return f"{why}: {line.split('] ', 1)[-1].strip()}"
+    return why
+
+
+_HELPER = _Helper()
+atexit.register(_HELPER.stop)
