@@ -69,12 +69,27 @@ def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True):
     if scanned:
       x, _ = jax.lax.scan(lambda c, p: (layer(c, p), None), x, params)
     else:
-      for i in range(layers):
-        x = layer(x, jax.tree_util.tree_map(lambda a: a[i], params))
+      for p in params:
+        x = layer(x, p)
     return (x ** 2).mean()
 
-  spec = dict(wqkv=P(None, None, "tp"), wo=P(None, "tp", None), w1=P(None, None, "tp"),
-              w2=P(None, "tp", None))
+  f32 = jnp.float32
+  shapes = dict(wqkv=(HIDDEN, 3 * HIDDEN), wo=(HIDDEN, HIDDEN), w1=(HIDDEN, FFN), w2=(FFN, HIDDEN))
+  split = dict(wqkv=1, wo=0, w1=1, w2=0)       # column- or row-parallel
+  def pspec(name, stacked):
+    dims = [None, None]
+    dims[split[name]] = "tp"
+    return P(*([None] * stacked + dims))
+  # Scan: stacked weights [layers, ...].  Unrolled: one dict per layer (slicing a
+  # stacked array per layer would make the gradient add `layers` full-size
+  # zero-padded copies: quadratic, and not what a real model does).
+  if scanned:
+    spec = {k: pspec(k, 1) for k in shapes}
+    params = {k: jax.ShapeDtypeStruct((layers,) + v, f32) for k, v in shapes.items()}
+  else:
+    spec = [{k: pspec(k, 0) for k in shapes}] * layers
+    params = [{k: jax.ShapeDtypeStruct(v, f32) for k, v in shapes.items()}
+              for _ in range(layers)]
   if train:
     # Gradients for the input too (as for a pipeline stage), so that every layer
     # has its backward all-reduces: 4 sites per layer.
@@ -82,11 +97,6 @@ def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True):
                          in_specs=(spec, P()), out_specs=(P(), (spec, P())))
   else:
     step = jax.shard_map(loss, mesh=mesh, in_specs=(spec, P()), out_specs=P())
-  f32 = jnp.float32
-  params = dict(wqkv=jax.ShapeDtypeStruct((layers, HIDDEN, 3 * HIDDEN), f32),
-                wo=jax.ShapeDtypeStruct((layers, HIDDEN, HIDDEN), f32),
-                w1=jax.ShapeDtypeStruct((layers, HIDDEN, FFN), f32),
-                w2=jax.ShapeDtypeStruct((layers, FFN, HIDDEN), f32))
   return step, (params, jax.ShapeDtypeStruct((TOKENS, HIDDEN), f32))
 
 

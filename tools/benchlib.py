@@ -17,18 +17,19 @@ DOCS = os.path.join(ROOT, "docs")
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 
-# What the tools run by default.  Schemes that are not implemented yet are listed
-# too: they show up as "not available" until their flags exist.
+# What the tools run by default.  Each scheme names its algorithm and rotation, so
+# that a change of the pass's own default does not change what a row measures;
+# "--equarx_enable" alone is the pass's default scheme, whatever it is.  Flags a
+# checkout does not know show up as "not available".
+RING = "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none"
 DEFAULT_SCHEMES = (
-    "--equarx_enable",
-    "--equarx_enable --equarx_block_size=128",
-    "--equarx_enable --equarx_block_size=4096",
-    "--equarx_enable --equarx_format=int4 --equarx_block_size=128",
-    "--equarx_enable --equarx_format=fp8_e4m3",
-    "--equarx_enable --equarx_algorithm=two_shot",
-    "--equarx_enable --equarx_algorithm=bidirectional",
-    "--equarx_enable --equarx_rotation=hadamard",
-    "--equarx_enable --equarx_microshards=4",
+    RING,                                                   # EQuARX int8 ring, block 1024
+    RING + " --equarx_microshards=4",
+    "--equarx_enable --equarx_algorithm=bidirectional --equarx_rotation=none",
+    "--equarx_enable --equarx_algorithm=two_shot --equarx_rotation=none",
+    "--equarx_enable",                                      # the pass's default scheme
+    RING + " --equarx_format=int4",
+    RING + " --equarx_format=fp8_e4m3",
 )
 
 
@@ -41,26 +42,28 @@ def add_scheme_argument(parser) -> None:
 
 
 def scheme_label(flags: str) -> str:
-  """'--equarx_enable --equarx_format=int4 --equarx_block_size=128' -> 'int4 b128'."""
-  parts = []
-  fmt = "int8"
-  for token in flags.split():
-    name, _, value = token.lstrip("-").partition("=")
-    if name in ("equarx_enable", "equarx_min_bytes"):
-      continue
-    if name == "equarx_format":
-      fmt = value
-    elif name == "equarx_block_size":
-      parts.append(f"b{value}")
-    elif name == "equarx_algorithm":
-      parts.append(value)
-    elif name == "equarx_rotation":
-      parts.append(value)
-    elif name == "equarx_microshards":
-      parts.append(f"ms{value}")
-    else:
-      parts.append(token.lstrip("-").replace("equarx_", ""))
-  return " ".join([fmt] + parts)
+  """A short name: 'int8 ring', 'int4 ring b128', 'int8 two_shot hadamard', ...
+
+  From the policy the flags make (so the pass's defaults are filled in), or from
+  the flag text where this checkout does not know them.
+  """
+  try:
+    import equarx_pass
+    p = equarx_pass.Policy.from_flags(flags)
+  except Exception:
+    return " ".join(t.lstrip("-").replace("equarx_", "") for t in flags.split()
+                    if t != "--equarx_enable")
+  get = lambda name, default: getattr(p, name, default)
+  parts = [get("format", "int8"), get("algorithm", "ring")]
+  if get("block_size", 1024) != 1024:
+    parts.append(f"b{p.block_size}")
+  if get("block_layout", "fixed") != "fixed":
+    parts.append(p.block_layout)
+  if get("rotation", "none") != "none":
+    parts.append(p.rotation + (f"{p.rotation_size}" if get("rotation_size", 0) else ""))
+  if get("microshards", 1) != 1:
+    parts.append(f"ms{p.microshards}")
+  return " ".join(parts)
 
 
 def check_scheme(flags: str) -> str | None:
@@ -124,7 +127,8 @@ def write_json(path: str, data) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
-    json.dump(data, f, indent=1, default=str)
+    # One line per list item at the top levels keeps big files small and diffable.
+    json.dump(data, f, indent=1, default=str, separators=(",", ":"))
   os.replace(tmp, path)
 
 

@@ -293,9 +293,46 @@ def print_tables(agg: list[dict]) -> str:
   return benchlib.markdown_table(rows, cols)
 
 
+def pivot_markdown(agg: list[dict], min_size: int = 0) -> str:
+  """One row per (rate, dtype, size): median ms of every program, then each scheme's
+  speed-up over both baselines, bytes per host, error and bit-identity."""
+  programs = list(dict.fromkeys(r["program"] for r in agg))
+  schemes = [p for p in programs if p not in BASELINES]
+  by = {(r["rate"], r["dtype"], r["size"], r["program"]): r for r in agg}
+  cols = (["rate", "dtype", "size/dev"] + [f"{label(p)} ms" for p in programs]
+          + [f"{label(p)} x ring / x native" for p in schemes]
+          + ["MiB sent/host: " + " / ".join(label(p) for p in programs[:3])]
+          + [f"{label(p)} rel err" for p in schemes[:1]] + ["bf16ring rel err", "same bits"])
+  rows = []
+  for rate, dtype, size in sorted({(r["rate"], r["dtype"], r["size"]) for r in agg},
+                                  key=lambda k: (k[0], k[1], k[2])):
+    if size < min_size:
+      continue
+    row = {"rate": rate, "dtype": dtype, "size/dev": benchlib.fmt_bytes(size)}
+    got = [by.get((rate, dtype, size, p)) for p in programs]
+    for p, r in zip(programs, got):
+      row[f"{label(p)} ms"] = f"{r['seconds'] * 1e3:.1f}" if r and "seconds" in r else "-"
+    for p in schemes:
+      r = by.get((rate, dtype, size, p))
+      if r and "vs_bf16ring" in r:
+        row[f"{label(p)} x ring / x native"] = f"{r['vs_bf16ring']:.2f} / {r['vs_native']:.2f}"
+    row[cols[3 + len(programs) + len(schemes)]] = " / ".join(
+        f"{r['tx_bytes'] / 2 ** 20:.2f}" if r and "tx_bytes" in r else "-" for r in got[:3])
+    first = by.get((rate, dtype, size, schemes[0])) if schemes else None
+    ring = by.get((rate, dtype, size, "bf16ring"))
+    if first and "rel_err" in first:
+      row[f"{label(schemes[0])} rel err"] = f"{first['rel_err']:.1e}"
+    if ring and "rel_err" in ring:
+      row["bf16ring rel err"] = f"{ring['rel_err']:.1e}"
+    row["same bits"] = "yes" if all(r and r.get("same") for r in got) else "NO"
+    rows.append(row)
+  return benchlib.markdown_table(rows, cols)
+
+
 def threshold(agg: list[dict], scheme: str) -> int | None:
   """Smallest measured size from which `scheme` beats native at every larger size,
   every rate and dtype (None: never)."""
+  agg = [r for r in agg if r["rate"] != "none"]    # unshaped: a compute floor, no link
   sizes = sorted({r["size"] for r in agg})
   keys = {(r["rate"], r["dtype"]) for r in agg}
   best = None
@@ -325,7 +362,7 @@ def summary(agg: list[dict]) -> list[str]:
               + "; over native "
               + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_native']:.2f}x" for r in big))
     t = threshold(agg, scheme)
-    lines.append(f"{label(scheme)}: faster than native at every rate and dtype from "
+    lines.append(f"{label(scheme)}: faster than native at every shaped rate and dtype from "
                  f"{benchlib.fmt_bytes(t) if t else 'no measured size'} up")
   return lines
 
@@ -376,7 +413,8 @@ def main() -> int:
   ap.add_argument("--warmup", type=int, default=1)
   ap.add_argument("--quick", action="store_true", help="few sizes, 3 repeats")
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "netbench.json"))
-  ap.add_argument("--replot", metavar="JSON", help="only redraw the plot of a saved run")
+  ap.add_argument("--replot", metavar="JSON",
+                  help="only print the tables and redraw the plot of a saved run")
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
@@ -384,7 +422,10 @@ def main() -> int:
     return 0
   if args.replot:
     with open(args.replot) as f:
-      plot(json.load(f)["results"], os.path.splitext(args.replot)[0] + ".png")
+      agg = json.load(f)["results"]
+    print(pivot_markdown(agg))
+    print("\n".join(summary(agg)))
+    plot(agg, os.path.splitext(args.replot)[0] + ".png")
     return 0
 
   import netns
@@ -438,7 +479,8 @@ def main() -> int:
   print("\n".join(lines))
   result = dict(machine=benchlib.machine_info(), procs=args.procs, rates=args.rates,
                 repeats=args.repeats, warmup=args.warmup, seconds=elapsed,
-                unavailable=missing, summary=lines, results=agg, raw=rows, table_markdown=md,
+                unavailable=missing, summary=lines, results=agg,
+                pivot_markdown=pivot_markdown(agg), raw=rows, table_markdown=md,
                 command=" ".join(sys.argv))
   benchlib.write_json(args.out, result)
   print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
