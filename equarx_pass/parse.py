@@ -395,6 +395,12 @@ def _text_position(op: ir.Operation) -> tuple[int | None, int | None]:
 # in-process text parser and every check above.  The helper starts on first use
 # (it imports JAX, about 2 s) and serves later calls; a crash costs a restart.
 
+# Generous: the helper's start, then a parse and a print that grow with the size.
+# (Fuzzing found bytecode on which the reader loops for good.)
+HELPER_SECONDS = 60
+HELPER_SECONDS_PER_MB = 10
+
+
 def _parse_converted(text: str, path: str, context: ir.Context) -> ir.Module:
   """Text the helper printed.  Its lines are not the input's: errors drop them."""
   try:
@@ -413,12 +419,15 @@ def _convert(kind: bytes, data: bytes, limit: int) -> tuple[str, str]:
     try:
       module, input_kind = _parse_mlir(data, None, context), "stablehlo-bytecode"
     except ParseError as first:
-      # A jax.export portable artifact is VHLO bytecode: upgrade it to StableHLO.
+      # A jax.export portable artifact is VHLO bytecode: upgrade it to StableHLO
+      # (into a module of the current context: it needs one).
       try:
-        stablehlo = jax_mlir.deserialize_portable_artifact(data)
+        with context:
+          module = jax_mlir.deserialize_portable_artifact(data)
       except Exception:
         raise first from None
-      module, input_kind = _parse_mlir(stablehlo, None, context), "portable-artifact"
+      _check_is_stablehlo(module, None, len(data))
+      input_kind = "portable-artifact"
   else:
     text = data.decode()
     try:
@@ -512,9 +521,7 @@ class _Helper:
   def convert(self, kind: bytes, data: bytes, path: str) -> tuple[str, str]:
     """Bytecode (b"b") or HLO text (b"h") -> (MLIR text, input kind), in the helper."""
     what = "MLIR bytecode reader" if kind == b"b" else "XLA HLO parser"
-    # Generous: the helper's start, then a parse and a print proportional to the size.
-    # (Fuzzing found bytecode on which the reader loops for good.)
-    deadline = time.monotonic() + 60 + len(data) / 1e5
+    deadline = time.monotonic() + HELPER_SECONDS + HELPER_SECONDS_PER_MB * len(data) / 1e6
     with self.lock:
       if self.proc is None or self.proc.poll() is not None:
         self._start()
@@ -535,6 +542,8 @@ class _Helper:
                          "the file is corrupted", path) from None
     if header[:1] == b"e":
       message, line, column = json.loads(payload)
+      if kind == b"b":      # positions in bytecode are not positions in the file
+        line = column = None
       raise ParseError(message, path, line, column)
     kind_name, _, text = payload.partition(b"\0")
     return text.decode(), kind_name.decode()
