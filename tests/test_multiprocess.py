@@ -1,0 +1,114 @@
+"""Two processes x 4 CPU devices (jax.distributed on loopback, gloo collectives):
+a rewritten program whose rings cross the process boundary.
+
+Each process runs the same equarx_pass.jit program on a 2x4 mesh (row a = the
+process): psums over "a" (groups of 2, one rank per process), over "b" (groups of
+4 within a process) and over both (one group of 8), in two schemes.  Each saves
+its devices' results and the rewritten module; the test checks that the two
+processes emitted the same module, that every group holds bit-identical results
+across processes, and that they equal the NumPy model bit for bit.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+
+from equarx_pass import scheme as scheme_lib
+from equarx_pass.policy import Policy
+
+SCHEMES = {"ring": "--equarx_algorithm=ring --equarx_rotation=none --equarx_block_size=128",
+           "default": ""}
+AXES = {"a": ("a",), "b": ("b",), "ab": ("a", "b")}
+
+CHILD = r"""
+import hashlib, json, os, sys
+process_id, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+schemes, axes = json.loads(sys.argv[4]), json.loads(sys.argv[5])
+import jax, numpy as np
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
+                           initialization_timeout=120)
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import equarx_pass
+
+assert jax.device_count() == 8 and jax.local_device_count() == 4
+mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("a", "b"))
+spec = P("a", "b")
+x = np.load(os.path.join(out, "x.npy"))                          # [2, 4, 1000] f32
+xs = jax.make_array_from_callback(x.shape, NamedSharding(mesh, spec), lambda i: x[i])
+
+def body(v):
+  v = v[0, 0]
+  return tuple(jax.lax.psum(v, tuple(a))[None, None] for a in axes.values())
+fn = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=(spec,) * len(axes))
+report = {}
+for name, flags in schemes.items():
+  w = equarx_pass.jit(fn, flags="--equarx_enable --equarx_min_bytes=0 " + flags)
+  outs = w(xs)
+  module = w.lower(xs).as_text()
+  report[name] = {"decisions": [r.decision for r in w.report.records],
+                  "module": hashlib.sha256(module.encode()).hexdigest()}
+  for axis, o in zip(axes, outs):
+    for shard in o.addressable_shards:
+      i, j = (s.start for s in shard.index[:2])
+      np.save(os.path.join(out, f"{name}-{axis}-{i}-{j}.npy"), np.asarray(shard.data)[0, 0])
+with open(os.path.join(out, f"report{process_id}.json"), "w") as f:
+  json.dump(report, f)
+jax.distributed.shutdown()
+"""
+
+
+def free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def ring_groups(axes):
+  """Mesh positions (i, j) of each group of a psum over `axes`, in ring order."""
+  if axes == ("a",):
+    return [[(0, j), (1, j)] for j in range(4)]
+  if axes == ("b",):
+    return [[(i, j) for j in range(4)] for i in range(2)]
+  return [[(i, j) for i in range(2) for j in range(4)]]
+
+
+def test_two_processes_give_identical_bits(tmp_path):
+  x = np.random.default_rng(21).standard_normal((2, 4, 1000)).astype(np.float32)
+  x *= np.array([0.01, 1.0, 30.0, 1.0])[None, :, None]
+  np.save(tmp_path / "x.npy", x)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env.pop("EQUARX_FLAGS", None)
+  port = free_port()
+  procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(i), str(port), str(tmp_path),
+                             json.dumps(SCHEMES), json.dumps(AXES)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+           for i in range(2)]
+  try:
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+  finally:
+    for p in procs:                       # a hung or failed peer must not outlive the test
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  for i, p in enumerate(procs):
+    assert p.returncode == 0, f"process {i} failed ({p.returncode}):\n{logs[i][-3000:]}"
+
+  reports = [json.loads((tmp_path / f"report{i}.json").read_text()) for i in range(2)]
+  assert reports[0] == reports[1], "the processes rewrote the program differently"
+  for name, flags in SCHEMES.items():
+    assert reports[0][name]["decisions"] == ["rewritten"] * len(AXES)
+    scheme = Policy.from_flags("--equarx_enable " + flags).scheme
+    for axis, axes in AXES.items():
+      for group in ring_groups(axes):
+        got = [np.load(tmp_path / f"{name}-{axis}-{i}-{j}.npy") for i, j in group]
+        model = scheme_lib.reference([x[i, j] for i, j in group], scheme)
+        for (i, j), g in zip(group, got):
+          assert g.view(np.uint32).tolist() == got[0].view(np.uint32).tolist(), \
+              f"{name} psum over {axes}: device ({i}, {j}) differs from ({group[0]})"
+        assert np.array_equal(got[0].view(np.uint32), model[0].view(np.uint32)), \
+            f"{name} psum over {axes}: differs from the model"
