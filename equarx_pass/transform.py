@@ -14,7 +14,7 @@ import tempfile
 
 from equarx_pass import compile as compile_lib
 from equarx_pass import parse
-from equarx_pass.errors import EquarxError
+from equarx_pass.errors import CompileError, EquarxError, RewriteError, VerifyError
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import SiteRecord, rewrite_module
 
@@ -30,11 +30,15 @@ class TransformResult:
 
 def transform_text(data: bytes | str, policy: Policy, path: str = "<input>") -> TransformResult:
   parsed = parse.parse_bytes(data, path)
-  result = rewrite_module(parsed.module, policy)
-  text = str(result.module)
-  tpu = None
-  if policy.compile_for:
-    tpu = compile_lib.compile_for_target(text, policy.compile_for)
+  try:
+    result = rewrite_module(parsed.module, policy)
+    text = str(result.module)
+    tpu = None
+    if policy.compile_for:
+      tpu = compile_lib.compile_for_target(text, policy.compile_for)
+  except (RewriteError, VerifyError, CompileError) as e:
+    # Name the input, as parse errors do: the CLI prints only the message.
+    raise type(e)(f"{path}: {e}") from e
   return TransformResult(text, result.records, parsed.kind, result.seconds, tpu)
 
 

@@ -143,6 +143,20 @@ def test_parse_bytes_raises_parse_error_with_position(name):
   assert str(e) == f"{where}: {e.message}"
 
 
+@pytest.mark.parametrize("error", [equarx_pass.RewriteError, equarx_pass.VerifyError,
+                                   equarx_pass.CompileError])
+def test_errors_after_parsing_name_the_input(error, monkeypatch):
+  """The CLI prints only the message: a failed rewrite must say which file."""
+  from equarx_pass import transform
+
+  def fail(module, policy):
+    raise error("all-reduce #0 at f.py:3: cannot emit the quantized ring")
+  monkeypatch.setattr(transform, "rewrite_module", fail)
+  with pytest.raises(error) as info:
+    equarx_pass.transform_text(MLP, POLICY, "model.mlir")
+  assert str(info.value) == "model.mlir: all-reduce #0 at f.py:3: cannot emit the quantized ring"
+
+
 def test_unrelated_dialect_is_not_printed_as_stablehlo():
   """An arith module used to come back 'rewritten' (unchanged) and printed as the output."""
   with pytest.raises(ParseError, match="arith"):

@@ -250,12 +250,12 @@ def run_one(case_path: str) -> dict:
   policy = Policy.from_flags(meta["flags"])
   try:
     result = transform.transform_text(data, policy, path)
-  except (RewriteError, VerifyError, CompileError) as e:
-    # Not the input's fault: the pass could not handle a module it accepted.
-    return {"outcome": "internal_error", "detail": f"{type(e).__name__}: {e}"}
   except EquarxError as e:
-    if path not in str(e) or (isinstance(e, ParseError) and e.path != path):
+    if not str(e).startswith(path) or (isinstance(e, ParseError) and e.path != path):
       return {"outcome": "invalid", "detail": f"error message does not name {path}: {e}"}
+    if isinstance(e, (RewriteError, VerifyError, CompileError)):
+      # Not the input's fault: the pass could not handle a module it accepted.
+      return {"outcome": "internal_error", "detail": f"{type(e).__name__}: {e}"}
     return {"outcome": "clean_error", "detail": f"{type(e).__name__}: {str(e)[:200]}"}
   except Exception as e:  # noqa: BLE001 -- any other exception is the bug being looked for
     return {"outcome": "crash", "detail": f"Python {type(e).__name__}: {str(e)[:300]}"}
