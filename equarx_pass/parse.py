@@ -478,23 +478,37 @@ def _reply(status: bytes, payload: bytes) -> None:
 def helper_main() -> None:
   """The helper's loop: requests on stdin, replies on (what was) stdout."""
   global _PROTOCOL
+  # A parser stuck in C++ never returns to read stdin again, so the helper must
+  # not outlive its parent (which may be killed without a chance to stop it):
+  # Linux kills it with its parent, and an alarm ends each request in time.
+  try:
+    import ctypes
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+  except (OSError, AttributeError):
+    pass
+  if os.getppid() != int(os.environ.get("EQUARX_PARSE_PARENT", os.getppid())):
+    return                                       # the parent died before prctl
   # Keep the protocol stream to ourselves: anything printed goes to stderr.
   _PROTOCOL = os.fdopen(os.dup(1), "wb")
   os.dup2(2, 1)
   requests = sys.stdin.buffer
   while True:
-    header = requests.read(9)
-    if len(header) < 9:
+    header = requests.read(13)
+    if len(header) < 13:
       return
-    kind, size = header[:1], int.from_bytes(header[1:], "big")
+    kind, seconds, size = header[:1], int.from_bytes(header[1:5], "big"), \
+        int.from_bytes(header[5:], "big")
     data = requests.read(size)
     limit = MAX_EXPANSION * size + (1 << 20)
+    # SIGALRM's default action ends the process even inside C++ code.
+    signal.alarm(seconds + 5)
     try:
       text, input_kind = _convert(kind, data, limit)
     except ParseError as e:
       _reply(b"e", json.dumps([e.message, e.line, e.column]).encode())
     else:
       _reply(b"t", input_kind.encode() + b"\0" + text.encode())
+    signal.alarm(0)
 
 
 class _Helper:
@@ -504,7 +518,7 @@ class _Helper:
     self.stderr = None
 
   def _start(self) -> None:
-    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", EQUARX_PARSE_PARENT=str(os.getpid()))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     self.stderr = tempfile.TemporaryFile()
@@ -521,14 +535,16 @@ class _Helper:
   def convert(self, kind: bytes, data: bytes, path: str) -> tuple[str, str]:
     """Bytecode (b"b") or HLO text (b"h") -> (MLIR text, input kind), in the helper."""
     what = "MLIR bytecode reader" if kind == b"b" else "XLA HLO parser"
-    deadline = time.monotonic() + HELPER_SECONDS + HELPER_SECONDS_PER_MB * len(data) / 1e6
+    seconds = int(HELPER_SECONDS + HELPER_SECONDS_PER_MB * len(data) / 1e6)
+    deadline = time.monotonic() + seconds
     with self.lock:
       if self.proc is None or self.proc.poll() is not None:
         self._start()
       self.stderr.seek(0)
       self.stderr.truncate()
       try:
-        self.proc.stdin.write(kind + len(data).to_bytes(8, "big") + data)
+        self.proc.stdin.write(kind + seconds.to_bytes(4, "big") + len(data).to_bytes(8, "big")
+                              + data)
         self.proc.stdin.flush()
         header = self._read(9, deadline)
         payload = self._read(int.from_bytes(header[1:], "big"), deadline)

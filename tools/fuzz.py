@@ -390,6 +390,37 @@ def run_cases(cases: list[Case], jobs: int = 2, timeout: float = 120.0,
   return results
 
 
+def run_cli(case: Case, workdir: str) -> str | None:
+  """equarx-opt on the case as a user runs it: why its behaviour is wrong, or None.
+
+  Exit 0 with an output, or exit 2 with one line on stderr and no output; never
+  a traceback or a crash dump; the input untouched.
+  """
+  src, out = os.path.join(workdir, "input"), os.path.join(workdir, "output.mlir")
+  with open(src, "wb") as f:
+    f.write(case.data)
+  if os.path.exists(out):
+    os.unlink(out)
+  argv = [sys.executable, "-m", "equarx_pass.cli", src, "-o", out, *case.flags.split()]
+  try:
+    proc = subprocess.run(argv, capture_output=True, text=True, env=_worker_env(), timeout=600,
+                          cwd=ROOT)
+  except subprocess.TimeoutExpired:
+    return "equarx-opt did not finish in 600 s"
+  with open(src, "rb") as f:
+    if f.read() != case.data:
+      return "the input was modified"
+  if proc.returncode == 0:
+    return None if os.path.exists(out) else "exit 0 without an output file"
+  if proc.returncode != 2:
+    return f"exit status {proc.returncode}: {proc.stderr[-300:]}"
+  if not proc.stderr.startswith(f"equarx-opt: error: {src}") or proc.stderr.count("\n") != 1:
+    return f"exit 2 but stderr is not one error line naming the input: {proc.stderr[-300:]}"
+  if os.path.exists(out):
+    return "exit 2 but an output file was written"
+  return None
+
+
 def summarize(results: list[Result]) -> dict:
   counts = collections.Counter(r.outcome for r in results)
   contained = sum(r.outcome == "clean_error" and any(c in r.detail for c in CONTAINED)
@@ -431,6 +462,8 @@ def main(argv=None) -> int:
   parser.add_argument("--save", default=os.path.join(tempfile.gettempdir(), "equarx-fuzz"),
                       help="where inputs that crashed or gave invalid modules are written")
   parser.add_argument("--json", action="store_true", help="print the counts as one JSON object")
+  parser.add_argument("--cli", type=int, default=0, metavar="N",
+                      help="also run the first N cases through equarx-opt (about 3 s each)")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.worker:
@@ -448,6 +481,20 @@ def main(argv=None) -> int:
   results = run_cases(unmutated + cases, args.jobs, args.timeout)
   base_results, results = results[:len(bases)], results[len(bases):]
   counts = summarize(results)
+  if args.cli:
+    from concurrent.futures import ThreadPoolExecutor
+    dirs = [tempfile.mkdtemp(prefix="equarx-fuzz-cli-") for _ in range(args.cli)]
+    with ThreadPoolExecutor(args.jobs) as pool:
+      cli_problems = list(pool.map(run_cli, cases[:args.cli], dirs))
+    for d in dirs:
+      shutil.rmtree(d, ignore_errors=True)
+    counts["cli_cases"] = len(cli_problems)
+    counts["cli_failures"] = sum(p is not None for p in cli_problems)
+    for i, problem in enumerate(cli_problems):
+      if problem:
+        results[i] = Result("crash" if results[i].outcome != "invalid" else "invalid",
+                            f"equarx-opt: {problem}")
+    counts["crashes"] = summarize(results)["crashes"]
   counts["base_inputs"] = len(bases)
   counts["base_inputs_ok"] = sum(r.outcome in ("rewritten", "unchanged") for r in base_results)
   counts["seconds"] = round(time.monotonic() - start, 1)
@@ -467,8 +514,10 @@ def main(argv=None) -> int:
     print(f"equarx fuzz: seed {args.seed}, {counts['seconds']} s")
     for key in ("base_inputs", "base_inputs_ok", "cases", "clean_errors",
                 "parser_failures_contained", "internal_errors", "rewrites",
-                "rewrites_with_sites_rewritten", "crashes", "invalid_modules"):
-      print(f"  {key:30s} {counts[key]}")
+                "rewrites_with_sites_rewritten", "crashes", "invalid_modules",
+                "cli_cases", "cli_failures"):
+      if key in counts:
+        print(f"  {key:30s} {counts[key]}")
     for name, r in bases_failed:
       print(f"  base input {name}: {r.outcome}: {r.detail[:200]}")
     for path, case, r in failures:
