@@ -70,14 +70,20 @@ def main(argv: list[str]) -> int:
       result = transform.transform_file(input_path, output, policy)
   except EquarxError as e:
     return _fail(str(e))
-  if output in (None, "-"):
-    sys.stdout.write(result.text)
-  if FLAGS.report or policy.report:
-    table = report.format_table(result.records, f"{input_path} ({result.input_kind}, "
-                                f"pass {result.pass_seconds * 1e3:.1f} ms)")
-    print(table, file=sys.stderr if output in (None, "-") else sys.stdout)
-  if result.tpu is not None:
-    print(result.tpu.summary(), file=sys.stderr if output in (None, "-") else sys.stdout)
+  try:
+    if output in (None, "-"):
+      sys.stdout.write(result.text)
+    if FLAGS.report or policy.report:
+      table = report.format_table(result.records, f"{input_path} ({result.input_kind}, "
+                                  f"pass {result.pass_seconds * 1e3:.1f} ms)")
+      print(table, file=sys.stderr if output in (None, "-") else sys.stdout)
+    if result.tpu is not None:
+      print(result.tpu.summary(), file=sys.stderr if output in (None, "-") else sys.stdout)
+    sys.stdout.flush()
+  except OSError as e:    # a full disk, a closed pipe
+    # Python would try to flush again at exit and print a traceback.
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return _fail(f"cannot write to standard output: {e.strerror}")
   return 0
 
 

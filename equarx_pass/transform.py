@@ -9,8 +9,10 @@ so a failure writes nothing and the input is never touched.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
-import tempfile
+import secrets
+import stat
 
 from equarx_pass import compile as compile_lib
 from equarx_pass import parse
@@ -57,15 +59,44 @@ def transform_file(input_path: str, output_path: str, policy: Policy) -> Transfo
 
 
 def write_atomically(path: str, text: str) -> None:
-  directory = os.path.dirname(os.path.abspath(path))
+  """Write `text` to `path`: a file whole or not at all, a device or pipe directly.
+
+  A file is written to a temporary next to it and renamed into place.  Renaming
+  over anything else would replace the node itself: as root, `-o /dev/null`
+  left a regular file in /dev.  So devices and FIFOs are written through, and a
+  symlink's target is replaced, not the link.
+  """
+  def fail(e: OSError):
+    return EquarxError(f"{path}: cannot write output: {e.strerror}")
   try:
-    fd, tmp = tempfile.mkstemp(prefix=".equarx-", suffix=".tmp", dir=directory)
+    mode = os.stat(path).st_mode              # follows symlinks
+  except FileNotFoundError:
+    mode = None
   except OSError as e:
-    raise EquarxError(f"{path}: cannot write output: {e.strerror}") from None
+    raise fail(e) from None
+  if mode is not None and stat.S_ISDIR(mode):
+    raise fail(IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR)))
+  if mode is not None and not stat.S_ISREG(mode):
+    try:
+      with open(path, "w") as f:
+        f.write(text)
+    except OSError as e:
+      raise fail(e) from None
+    return
+  target = os.path.realpath(path)
+  tmp = os.path.join(os.path.dirname(target),
+                     f".{os.path.basename(target)}.equarx-{os.getpid()}-{secrets.token_hex(4)}.tmp")
   try:
+    # Like a new file's: 0666 less the umask, or the mode of the file it replaces.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+  except OSError as e:
+    raise fail(e) from None
+  try:
+    if mode is not None:
+      os.chmod(fd, stat.S_IMODE(mode))
     with os.fdopen(fd, "w") as f:
       f.write(text)
-    os.replace(tmp, path)
+    os.replace(tmp, target)
   except OSError as e:
     os.unlink(tmp)
-    raise EquarxError(f"{path}: cannot write output: {e.strerror}") from None
+    raise fail(e) from None

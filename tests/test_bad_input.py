@@ -226,7 +226,7 @@ def test_inputs_that_crash_or_hang_the_parsers_are_parse_errors(tmp_path):
   """One byte changed in bytecode: heap corruption (SIGABRT) and SIGSEGV in MLIR's
   reader; an HLO parameter number out of range: an XLA CHECK failure (SIGABRT); a
   portable artifact with three bytes changed: the reader loops for good, and the
-  helper is stopped after HELPER_SECONDS (5 here, 60 by default)."""
+  helper is stopped after HELPER_SECONDS (3 here, 60 by default)."""
   hlo = tmp_path / "param.txt"
   hlo.write_bytes(HLO.replace(b"parameter(0), metadata={op_name=\"psum_invariant\"}",
                               b"parameter(65536), metadata={op_name=\"psum_invariant\"}"))
@@ -241,7 +241,7 @@ def test_inputs_that_crash_or_hang_the_parsers_are_parse_errors(tmp_path):
            os.path.join(DATA, "bytecode_heap_corruption.mlirbc"),
            os.path.join(DATA, "bytecode_segfault.mlirbc"), hlo, producer,
            os.path.join(FIXTURES, "tp_mlp_f32.before_optimizations.txt")]
-  args = [f"{5 if i == 1 else 60}:{p}" for i, p in enumerate(paths)]
+  args = [f"{3 if i == 1 else 60}:{p}" for i, p in enumerate(paths)]
   proc = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True,
                         env=ENV, timeout=600)
   assert proc.returncode == 0, f"the process died ({proc.returncode}): {proc.stderr[-2000:]}"
@@ -289,6 +289,52 @@ def test_unwritable_outputs_write_nothing(tmp_path):
   assert src.read_bytes() == MLP
   assert sorted(p.name for p in tmp_path.iterdir()) == ["in.mlir", "outdir"]
   assert [p.name for p in (tmp_path / "outdir").iterdir()] == ["keep"]
+
+
+def test_outputs_that_are_not_plain_files(tmp_path):
+  """A FIFO (like /dev/null, which as root used to be replaced by a regular file)
+  is written through; a symlink keeps pointing at its target, which gets the text;
+  a file gets the usual mode (the temporary's 0600 used to stay), or keeps its own."""
+  import stat
+  import threading
+  src = tmp_path / "in.mlir"
+  src.write_bytes(MLP)
+  fifo = tmp_path / "fifo"
+  os.mkfifo(fifo)
+  received = []
+  reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+  reader.start()
+  equarx_pass.transform_file(str(src), str(fifo), POLICY)
+  reader.join(60)
+  assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and received[0].startswith("module @jit_mlp")
+
+  target, link = tmp_path / "target.mlir", tmp_path / "link.mlir"
+  target.write_text("old")
+  os.chmod(target, 0o640)
+  link.symlink_to(target)
+  equarx_pass.transform_file(str(src), str(link), POLICY)
+  assert link.is_symlink() and target.read_text().startswith("module @jit_mlp")
+  assert stat.S_IMODE(os.stat(target).st_mode) == 0o640
+
+  fresh = tmp_path / "fresh.mlir"
+  umask = os.umask(0o022)
+  try:
+    equarx_pass.transform_file(str(src), str(fresh), POLICY)
+  finally:
+    os.umask(umask)
+  assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o644
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "fresh.mlir", "in.mlir",
+                                                        "link.mlir", "target.mlir"]
+
+
+def test_cli_full_standard_output(tmp_path):
+  with open("/dev/full", "w") as full:
+    proc = subprocess.run([sys.executable, "-m", "equarx_pass.cli",
+                           os.path.join(FIXTURES, "tp_mlp_f32.mlir")],
+                          stdout=full, stderr=subprocess.PIPE, text=True, env=ENV, timeout=600)
+  assert proc.returncode == 2
+  assert proc.stderr == ("equarx-opt: error: cannot write to standard output: "
+                         "No space left on device\n")
 
 
 def test_bad_input_to_transform_file_writes_nothing(tmp_path):
