@@ -1,14 +1,16 @@
 """Fuzz the pass's input handling with mutated fixtures.
 
-    python tools/fuzz.py --cases 1000 [--seed 0] [--jobs 2] [--save DIR]
+    python tools/fuzz.py --cases 1000 [--seed 0] [--jobs 2] [--cli 30] [--save DIR]
     python tools/fuzz.py --seed 0 --only 123 --save DIR    # write out one case
 
 Every case is a module from hlo_fixtures/ (MLIR text, the same as MLIR bytecode
 or a jax.export portable artifact, or XLA HLO text) with one to three random
 mutations: delete a span or a line, swap two spans or lines, truncate, overwrite
-or insert random bytes, repeat a span many times, replace a number or a word.
-Each goes through `transform_text` (parse -> rewrite -> verify -> print) with
-the pass on and a random block size.  Every case must end in one of:
+or insert random bytes, repeat a span many times, replace a number or a word
+(once or everywhere).  Each goes through `transform_text` (parse -> rewrite ->
+verify -> print) with the pass on and a random scheme (algorithm, format,
+rotation, block layout, microshards, block size).  The unmutated inputs run
+first and must all succeed.  Every case must end in one of:
 
   clean error     an EquarxError whose message names the input
   rewrite         a module that parses and verifies again, with one record per
@@ -21,8 +23,10 @@ rewrite that fails those checks).  Cases run in worker processes, so a crash of
 the C++ parsers kills a worker, not the run: the case it was running is counted
 and run again alone to see whether it crashes by itself.
 
-Counts go to stdout (--json: one JSON object); the exit status is 1 when there
-was a crash or an invalid module, whose inputs are saved under --save.
+--cli N also runs the first N cases through equarx-opt as a user would (exit 0
+with an output, or exit 2 with one error line, nothing written).  Counts go to
+stdout (--json: one JSON object); the exit status is 1 when there was a crash or
+an invalid module, whose inputs are saved under --save.
 """
 
 from __future__ import annotations
@@ -114,9 +118,12 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, str]:
   """One random mutation of `data`, and its name."""
   if not data:
     return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 16))), "random"
+  # The *_everywhere kinds twice as often: their mutants often parse, so they
+  # reach match, build and verify with modules nobody wrote.
   kind = rng.choice(["delete", "delete_line", "swap", "swap_lines", "duplicate_line",
                      "truncate", "random_bytes", "insert_bytes", "repeat", "number", "word",
-                     "number_everywhere", "word_everywhere"])
+                     "number_everywhere", "word_everywhere"] * 2 +
+                    ["number_everywhere", "word_everywhere"] * 2)
   n = len(data)
   if kind == "delete":
     a, b = _span(rng, n)
