@@ -189,8 +189,6 @@ class _Emitter:
       values = self.convert(codes, self.f32)
     if rotation_size:
       values = self.butterflies(self.reshape(values, (rows * s,)), rotation_size)
-      scale = hlo.MulOp(scale, self.splat(rotation.norm(rotation_size), (rows * nb,),
-                                          self.f32)).result
     out = hlo.MulOp(self.reshape(values, (rows * nb, block)),
                     self.bcast(scale, (rows * nb, block), [0])).result
     return self.reshape(out, (rows, s))
@@ -226,10 +224,10 @@ class _Emitter:
     return x
 
   def hadamard(self, x, size: int) -> ir.Value:
-    """rotation.hadamard on a flat f32 vector: butterfly stages, then the norm."""
+    """rotation.hadamard on a flat f32 vector: the exact 1/size scale, then the stages."""
     (m,) = _shape(x)
-    return hlo.MulOp(self.butterflies(x, size),
-                     self.splat(rotation.norm(size), (m,), self.f32)).result
+    return self.butterflies(hlo.MulOp(x, self.splat(rotation.norm(size), (m,), self.f32)).result,
+                            size)
 
 
 def _fp8_type(fmt: qz.Format) -> ir.Type:

@@ -274,6 +274,8 @@ def _check_types(site, op, policy, problem):
 
 
 def _check_size(site, op, policy, problem):
+  if all(o.size == 0 for o in site.operands if o.shape or not o.dtype.startswith("tensor")):
+    return "zero elements: nothing to send"
   if site.nbytes < policy.min_bytes:
     return f"{site.nbytes} bytes < --equarx_min_bytes={policy.min_bytes}"
   if policy.max_bytes and site.nbytes > policy.max_bytes:

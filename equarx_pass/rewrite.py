@@ -66,7 +66,7 @@ def _record(decision: match.Decision, policy: Policy) -> SiteRecord:
   if isinstance(decision, match.Candidate):
     after = ring.ring_wire_bytes(decision.layout, 0, policy.scheme.fmt).after
     verdict, reason = "rewritten", policy.scheme.describe()
-    if after >= before:
+    if before and after >= before:
       # Padding to whole blocks (a tiny tensor, or the grid layout with a rotation)
       # can cost more than quantizing saves; --equarx_min_bytes is the user's guard.
       reason += f"; sends {after / before:.1f}x the original's bytes (padding)"

@@ -5,11 +5,14 @@ quantized all-reduce, and rotating the result back, gives the same all-reduce
 (sum(H x_i) = H sum(x_i)) while spreading an outlier over its whole rotation
 block, so it no longer sets the scale for the values that share its block.
 
-H is the Sylvester Hadamard matrix of size R (a power of two), scaled by
-1/sqrt(R): symmetric and orthonormal, so it is its own inverse.  It is applied
-as log2(R) butterfly stages of f32 adds and subtracts (no matmul), then one
-multiply by f32(1/sqrt(R)); the emitted ops follow exactly this order, so the
-model and the program agree bit for bit.
+H is the Sylvester Hadamard matrix of size R (a power of two): H H = R I.  The
+forward rotation is H / R: a multiply by f32(1/R), exact (a power of two), then
+log2(R) butterfly stages of f32 adds and subtracts (no matmul).  Scaling first
+keeps every partial sum within max|x|, so nothing overflows however close to
+the f32 maximum the inputs are.  The inverse is H itself, applied to the codes
+(dequantize_rotated).  H / R is orthogonal up to its scale, which absmax
+quantization does not see: the errors are those of the orthonormal rotation.
+The emitted ops follow exactly this order, so model and program agree bit for bit.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ def check_size(size: int) -> None:
 
 
 def norm(size: int) -> np.float32:
-  return np.float32(1.0 / np.sqrt(size))
+  """f32(1/size), exact: the forward rotation's scale."""
+  return np.float32(1.0 / size)
 
 
 def stages(size: int) -> list[int]:
@@ -50,19 +54,20 @@ def butterflies(x: np.ndarray, size: int) -> np.ndarray:
 
 
 def hadamard(x: np.ndarray, size: int) -> np.ndarray:
-  """H_size applied to each consecutive block of `size` values of a flat f32 vector."""
-  with np.errstate(over="ignore", invalid="ignore"):
-    return (butterflies(x, size) * norm(size)).astype(np.float32)
+  """H_size / size applied to each consecutive block of `size` values of a flat f32 vector."""
+  with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+    scaled = (np.asarray(x, np.float32).reshape(-1) * norm(size)).astype(np.float32)
+  return butterflies(scaled, size)
 
 
 def dequantize_rotated(codes: np.ndarray, scale: np.ndarray, block: int, fmt,
                        size: int) -> np.ndarray:
-  """Dq followed by the inverse rotation, done as H(q * s) = (H q) * s.
+  """Dq followed by the inverse rotation H, done as H(q * s) = (H q) * s.
 
   Each rotation block lies inside one quantization block (size divides block),
   so its values share one scale: the butterflies run on the code values (for
   int8 and int4, sums of at most 127 * 4096 in magnitude: exact in f32), and
-  one multiply by scale * norm finishes.  Besides being exact, it leaves no
+  one multiply by the scale finishes.  Besides being exact, it leaves no
   multiply feeding an add, so no backend can contract one into an FMA and the
   bits cannot depend on that choice.
   """
@@ -70,14 +75,13 @@ def dequantize_rotated(codes: np.ndarray, scale: np.ndarray, block: int, fmt,
   code_values = qz.codes_to_f32(codes, fmt)
   blocks = butterflies(code_values, size).reshape(scale.shape + (block,))
   with np.errstate(over="ignore", invalid="ignore"):
-    factor = (scale * norm(size)).astype(np.float32)
-    return (blocks * factor[..., None]).astype(np.float32).reshape(code_values.shape)
+    return (blocks * scale[..., None]).astype(np.float32).reshape(code_values.shape)
 
 
 def matrix(size: int) -> np.ndarray:
-  """The dense orthonormal H (float64), for tests."""
+  """The dense H (float64, entries +-1; H H = size I), for tests."""
   check_size(size)
   h = np.array([[1.0]])
   while h.shape[0] < size:
     h = np.block([[h, h], [h, -h]])
-  return h / np.sqrt(size)
+  return h

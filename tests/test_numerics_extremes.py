@@ -232,9 +232,8 @@ def test_large_finite_sums_stay_finite(scheme_name):
   """Values up to max/16 on 8 ranks: every sum is at most max/2, finite for plain
   jax.jit, and must stay finite here (quantization errors are far below max/2).
 
-  Fails for the Hadamard schemes: rotation.butterflies adds and subtracts
-  without normalising (sqrt(R) H x), so a rotation block overflows to inf once
-  its values reach about max/sqrt(R), and the whole block becomes NaN.
+  The Hadamard schemes once failed here (the butterflies ran before the
+  normalisation and overflowed); the rotation now scales by 1/R first.
   """
   big = float(np.finfo(np.float32).max) / 16
   x = np.random.default_rng(5).uniform(-big, big, (8, 8 * REGION)).astype(np.float32)
