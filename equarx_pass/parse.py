@@ -132,15 +132,15 @@ def _check_aliases(text: str, path: str) -> None:
   """
   limit = MAX_EXPANSION * len(text) + (1 << 20)
   measured = {}            # alias -> (depth, printed size)
-  current = None           # [name, start offset, line, depth, size, open brackets]
+  current = None           # [name, offset of the definition, depth, size, open brackets]
 
   def close(end):
-    name, start, line, depth, size, _ = current
+    name, start, depth, size, _ = current
     size += end - start
     if depth > MAX_NESTING or size > limit:
       why = (f"nests other aliases more than {MAX_NESTING} deep" if depth > MAX_NESTING else
              f"expands to more than {MAX_EXPANSION}x the input's size")
-      raise ParseError(f"alias {name} {why}", path, line, 1)
+      raise ParseError(f"alias {name} {why}", path, text.count("\n", 0, start) + 1, 1)
     measured[name] = (depth, size)
 
   for m in _ALIAS_TOKENS.finditer(text):
@@ -148,15 +148,15 @@ def _check_aliases(text: str, path: str) -> None:
     if name and is_def:
       if current:
         close(m.start())
-      current = [name, m.end(), text.count("\n", 0, m.start()) + 1, 1, 0, 0]
+      current = [name, m.start(), 1, 0, 0]
     elif current is None:
       continue
     elif name:
       d, n = measured.get(name, (0, 0))
-      current[3], current[4] = max(current[3], d + 1), current[4] + n
+      current[2], current[3] = max(current[2], d + 1), current[3] + n
     elif bracket:
-      current[5] += 1 if bracket in "([{<" else -1
-    elif m.group() == "\n" and current[5] <= 0:
+      current[4] += 1 if bracket in "([{<" else -1
+    elif m.group() == "\n" and current[4] <= 0:
       close(m.start())
       current = None
   if current:
