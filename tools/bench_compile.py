@@ -106,6 +106,8 @@ def hlo_stats(text: str) -> dict:
           "fusions": sum(1 for l in lines if re.search(r"\bfusion\(", l)),
           "whiles": sum(1 for l in lines if re.search(r"\bwhile\(", l)),
           "permutes": sum(1 for l in lines if "collective-permute" in l),
+          "all_to_alls": sum(1 for l in lines if re.search(r"all-to-all(-start)?\(", l)),
+          "all_gathers": sum(1 for l in lines if re.search(r"all-gather(-start)?\(", l)),
           "all_reduces": sum(1 for l in lines if re.search(r"all-reduce(-start)?\(", l)),
           "computations": len(re.findall(r"^(?:ENTRY )?%\S+ .*\{$", text, re.M))}
 
@@ -216,6 +218,8 @@ def main() -> int:
   benchlib.add_scheme_argument(ap)
   ap.add_argument("--layers", type=int, default=64)
   ap.add_argument("--quick", action="store_true", help="16 layers, fewer variants")
+  ap.add_argument("--programs", nargs="+", default=["train", "scan", "forward", "forward-O0"],
+                  help="which programs: train (unrolled), scan, forward, forward-O0")
   ap.add_argument("--tpu", default="tpu:v4:2x2x1", help="also compile for this topology ('' off)")
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "compile.json"))
   ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -225,7 +229,7 @@ def main() -> int:
     return 0
   if args.quick:
     args.layers = 16
-  schemes = args.scheme or ["--equarx_enable", "--equarx_enable --equarx_block_size=128"]
+  schemes = args.scheme or [benchlib.RING, "--equarx_enable"]
   ok, missing = benchlib.split_schemes(schemes)
   # Which compiles, and why each.  A TPU compile of the rewritten unrolled model
   # takes many minutes (seconds per site), so TPU compiles are done for the scan.
@@ -235,10 +239,13 @@ def main() -> int:
     for s in [""] + list(schemes_):
       configs.append(dict(model=model, layers=args.layers, scanned=scanned, scheme=s, tpu=tpu,
                           xla_flags=xla_flags))
-  add("train", False, first)                      # the 256-site module
-  add("train", True, ok, tpu=args.tpu)            # the same model under scan: 4 sites
-  if not args.quick:
+  if "train" in args.programs:
+    add("train", False, first)                    # the 256-site module
+  if "scan" in args.programs:
+    add("train", True, ok, tpu=args.tpu)          # the same model under scan: 4 sites
+  if "forward" in args.programs and not args.quick:
     add("forward", False, first)                  # a small original: 128 sites
+  if "forward-O0" in args.programs and not args.quick:
     # Where the time goes: the same compiles with LLVM's optimisation off.
     add("forward", False, first, xla_flags="--xla_backend_optimization_level=0")
   print(f"{len(configs)} compiles of a {args.layers}-layer model in child processes "

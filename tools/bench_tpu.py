@@ -101,7 +101,7 @@ def main() -> int:
   mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
   f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh,
                             in_specs=P("x"), out_specs=P("x")))
-  schemes = args.scheme or ["--equarx_enable", "--equarx_enable --equarx_block_size=128"]
+  schemes = args.scheme or [benchlib.RING, "--equarx_enable", benchlib.RING + " --equarx_format=int4"]
   ok, missing = benchlib.split_schemes(schemes)
   target = f"tpu:{args.topology}"
   print(f"{target}: {n} chips; {len(args.sizes) * len(args.dtypes) * (1 + len(ok))} "

@@ -123,12 +123,24 @@ def markdown_table(rows: list[dict], columns: list[str]) -> str:
   return "\n".join(lines)
 
 
+def _rounded(x):
+  """Floats to 6 significant digits: the files are committed, and timings carry no more."""
+  if isinstance(x, float):
+    return float(f"{x:.6g}")
+  if isinstance(x, dict):
+    return {k: _rounded(v) for k, v in x.items()}
+  if isinstance(x, (list, tuple)):
+    return [_rounded(v) for v in x]
+  return x
+
+
 def write_json(path: str, data) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
-    # One line per list item at the top levels keeps big files small and diffable.
-    json.dump(data, f, indent=1, default=str, separators=(",", ":"))
+    # Top-level keys one per line, each value on one line: small and still greppable.
+    f.write("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(_rounded(v), default=str)}"
+                                for k, v in data.items()) + "\n}\n")
   os.replace(tmp, path)
 
 
@@ -148,7 +160,7 @@ def pyplot():
 def save_plot(fig, path: str) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   # Small PNGs: modest dpi; they are committed.
-  fig.savefig(path, dpi=80, bbox_inches="tight")
+  fig.savefig(path, dpi=60, bbox_inches="tight")
   print(f"wrote {path}")
 
 

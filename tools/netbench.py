@@ -243,7 +243,8 @@ def aggregate(rows: list[dict], procs: int) -> list[dict]:
       out.append(row)
       continue
     per_call = [max(ts) for ts in zip(*(r["times"] for r in rs))]
-    row.update(seconds=statistics.median(per_call), calls=len(per_call),
+    row.update(seconds=statistics.median(per_call), calls=len(per_call), per_call=per_call,
+               tx_bytes_hosts=[r["tx_bytes"] for r in sorted(rs, key=lambda r: r["rank"])],
                seconds_min=min(per_call), seconds_max=max(per_call),
                tx_bytes=statistics.mean(r["tx_bytes"] for r in rs),
                tx_bytes_max=max(r["tx_bytes"] for r in rs),
@@ -412,6 +413,8 @@ def main() -> int:
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--warmup", type=int, default=1)
   ap.add_argument("--quick", action="store_true", help="few sizes, 3 repeats")
+  ap.add_argument("--keep-raw", action="store_true",
+                  help="also write every host's own rows to OUT.raw.json")
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "netbench.json"))
   ap.add_argument("--replot", metavar="JSON",
                   help="only print the tables and redraw the plot of a saved run")
@@ -480,9 +483,11 @@ def main() -> int:
   result = dict(machine=benchlib.machine_info(), procs=args.procs, rates=args.rates,
                 repeats=args.repeats, warmup=args.warmup, seconds=elapsed,
                 unavailable=missing, summary=lines, results=agg,
-                pivot_markdown=pivot_markdown(agg), raw=rows, table_markdown=md,
+                pivot_markdown=pivot_markdown(agg),
                 command=" ".join(sys.argv))
   benchlib.write_json(args.out, result)
+  if args.keep_raw:   # every host's own timings and counters
+    benchlib.write_json(os.path.splitext(args.out)[0] + ".raw.json", {"raw": rows})
   print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
   plot(agg, os.path.splitext(args.out)[0] + ".png")
   return 0
