@@ -76,8 +76,6 @@ INT4 = Format("int4", 4, 7)
 FP8_E4M3 = Format("fp8_e4m3", 8, 448.0, "float8_e4m3fn")
 FP8_E5M2 = Format("fp8_e5m2", 8, 57344.0, "float8_e5m2")
 FORMATS = {f.name: f for f in (INT8, INT4, FP8_E4M3, FP8_E5M2)}
-# Backwards-compatible alias: the int8 format's class.
-Int8Format = Format
 
 
 def block_scales(x: np.ndarray, block_size: int, qmax=INT8_MAX) -> np.ndarray:
