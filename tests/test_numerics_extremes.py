@@ -142,7 +142,9 @@ def loose_bound(inputs, scheme) -> float:
   rounds on top.
   """
   n = len(inputs)
-  s = sum(float(np.nanmax(np.abs(np.asarray(v, np.float64)), initial=0.0)) for v in inputs)
+  with np.errstate(invalid="ignore"):
+    magnitudes = [np.abs(np.asarray(v, np.float64)) for v in inputs]
+  s = sum(float(np.max(np.where(np.isnan(m), 0.0, m), initial=0.0)) for m in magnitudes)
   spread = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 1
   return n * s * spread + 1e-30
 
