@@ -516,12 +516,14 @@ class _Helper:
     self.lock = threading.Lock()
     self.proc = None
     self.stderr = None
+    self.owner = None       # the pid that started it: a forked child needs its own
 
   def _start(self) -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu", EQUARX_PARSE_PARENT=str(os.getpid()))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     self.stderr = tempfile.TemporaryFile()
+    self.owner = os.getpid()
     self.proc = subprocess.Popen(
         [sys.executable, "-c", "from equarx_pass import parse; parse.helper_main()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env)
@@ -538,7 +540,7 @@ class _Helper:
     seconds = int(HELPER_SECONDS + HELPER_SECONDS_PER_MB * len(data) / 1e6)
     deadline = time.monotonic() + seconds
     with self.lock:
-      if self.proc is None or self.proc.poll() is not None:
+      if self.proc is None or self.owner != os.getpid() or self.proc.poll() is not None:
         self._start()
       self.stderr.seek(0)
       self.stderr.truncate()
