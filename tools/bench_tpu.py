@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import re
+import subprocess
 import sys
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -76,6 +77,19 @@ def estimated_cycles(hlo_text: str) -> float:
   return total("ENTRY")
 
 
+def topology_devices(topology: str) -> int:
+  """Number of devices of a TPU topology, asked in a child process (libtpu stays out of
+  this one)."""
+  code = ("from jax.experimental import topologies; import sys; "
+          "print(len(topologies.get_topology_desc(sys.argv[1], 'tpu').devices))")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  out = subprocess.run([sys.executable, "-c", code, topology], capture_output=True, text=True,
+                       timeout=300, env=env)
+  if out.returncode:
+    raise SystemExit(f"cannot describe topology {topology}: {out.stderr.strip()[-300:]}")
+  return int(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   benchlib.add_scheme_argument(ap)
@@ -85,8 +99,11 @@ def main() -> int:
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "tpu.json"))
   args = ap.parse_args()
 
+  # libtpu allows one process at a time unless told otherwise; this process must
+  # not load it (the compiles run in child processes), and others' may hold it.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  n = topology_devices(args.topology)
   import jax
-  from jax.experimental import topologies
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import Mesh
@@ -96,7 +113,6 @@ def main() -> int:
   import wire_bytes
   from equarx_pass import compile as compile_lib
 
-  n = len(topologies.get_topology_desc(args.topology, "tpu").devices)
   jax.config.update("jax_num_cpu_devices", n)
   mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
   f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh,
