@@ -1,7 +1,7 @@
 """Pass time and compile time on a model-sized module: a 64-layer tensor-parallel transformer.
 
     python tools/bench_compile.py              # about 15 minutes on 2 cores
-    python tools/bench_compile.py --quick      # 16 layers, about 3 minutes
+    python tools/bench_compile.py --quick      # 16 layers, about 1.5 minutes
 
 The model is a Megatron-style transformer on 8 CPU devices with a psum after
 attention and after the MLP of every layer.  Three programs:
