@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 import equarx_pass
 from equarx_pass import _jax_private, parse, ring
 from equarx_pass.policy import Policy
+from meshes import ring_groups
 
 # These tests pin the int8 ring against ring.reference_allreduce; the default
 # scheme (two-shot + Hadamard) and the others are in test_schemes_e2e.py.
@@ -66,25 +67,6 @@ def assert_same_bits(got, want, what=""):
     i = np.unravel_index(np.flatnonzero(~same)[0], got.shape)
     raise AssertionError(f"{what}: {np.count_nonzero(~same)} values differ; first at {i}: "
                          f"got {got[i]!r}, want {want[i]!r}")
-
-
-def ring_groups(mesh: Mesh, axes: tuple[str, ...]) -> list[list[tuple[int, ...]]]:
-  """Mesh positions of each replica group, ranks in ring order."""
-  names, shape = mesh.axis_names, mesh.devices.shape
-  red = [names.index(a) for a in axes]
-  keep = [i for i in range(len(names)) if i not in red]
-  groups = []
-  for kidx in np.ndindex(*[shape[i] for i in keep]):
-    group = []
-    for ridx in np.ndindex(*[shape[i] for i in red]):
-      pos = [0] * len(names)
-      for i, v in zip(keep, kidx):
-        pos[i] = v
-      for i, v in zip(red, ridx):
-        pos[i] = v
-      group.append(tuple(pos))
-    groups.append(group)
-  return groups
 
 
 def model(x: np.ndarray, groups, block: int) -> np.ndarray:

@@ -32,6 +32,7 @@ import equarx_pass
 from equarx_pass import policy as policy_lib
 from equarx_pass import rotation
 from equarx_pass import scheme as scheme_lib
+from meshes import ring_groups
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
@@ -86,20 +87,7 @@ def program(layout: str, axes: tuple[str, ...], scheme_flags: str):
 
 def groups(layout: str, axes: tuple[str, ...]) -> list[list[tuple[int, ...]]]:
   """Mesh positions of each replica group, ranks in ring order (row-major over `axes`)."""
-  m = mesh(layout)
-  names, shape = m.axis_names, m.devices.shape
-  red = [names.index(a) for a in axes]
-  keep = [i for i in range(len(names)) if i not in red]
-  out = []
-  for k in np.ndindex(*[shape[i] for i in keep]):
-    group = []
-    for r in np.ndindex(*[shape[i] for i in red]):
-      pos = [0] * len(names)
-      for i, v in zip(keep + red, k + r):
-        pos[i] = v
-      group.append(tuple(pos))
-    out.append(group)
-  return out
+  return ring_groups(mesh(layout), axes)
 
 
 def run(layout, axes, scheme_flags, x):
