@@ -299,13 +299,10 @@ def main() -> int:
   print(benchlib.table(table_rows, cols))
   if missing:
     print("not available in this checkout: " + ", ".join(benchlib.scheme_label(s) for s in missing))
-  benchlib.write_json(args.out, dict(machine=benchlib.machine_info(), layers=args.layers,
-                                     model=dict(tokens=TOKENS, hidden=HIDDEN, ffn=FFN,
-                                                heads=HEADS, devices=DEVICES),
-                                     results=rows, unavailable=missing,
-                                     table_markdown=benchlib.markdown_table(table_rows, cols),
-                                     command=" ".join(sys.argv)))
-  print(f"wrote {args.out}")
+  benchlib.write_results(args.out, rows, table_rows, cols, layers=args.layers,
+                         model=dict(tokens=TOKENS, hidden=HIDDEN, ffn=FFN, heads=HEADS,
+                                    devices=DEVICES),
+                         unavailable=missing)
   plot(rows, os.path.splitext(args.out)[0] + ".png")
   return 0
 

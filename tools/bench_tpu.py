@@ -193,14 +193,8 @@ def main() -> int:
   print(benchlib.table(table_rows, cols))
   if missing:
     print("not available in this checkout: " + ", ".join(benchlib.scheme_label(s) for s in missing))
-  for r in rows:
-    r.pop("cost", None) if False else None
-  benchlib.write_json(args.out, dict(machine=benchlib.machine_info(), target=target, chips=n,
-                                     paper_speedup=PAPER_SPEEDUP, results=rows,
-                                     unavailable=missing,
-                                     table_markdown=benchlib.markdown_table(table_rows, cols),
-                                     command=" ".join(sys.argv)))
-  print(f"wrote {args.out}")
+  benchlib.write_results(args.out, rows, table_rows, cols, target=target, chips=n,
+                         paper_speedup=PAPER_SPEEDUP, unavailable=missing)
   plot(rows, os.path.splitext(args.out)[0] + ".png", target)
   return 0
 

@@ -99,10 +99,7 @@ def main() -> int:
   missing = sorted({r["label"] for r in rows if "error" in r})
   if missing:
     print("not available in this checkout: " + ", ".join(missing))
-  benchlib.write_json(args.out, dict(machine=benchlib.machine_info(), results=rows,
-                                     table_markdown=benchlib.markdown_table(table_rows, cols),
-                                     command=" ".join(sys.argv)))
-  print(f"wrote {args.out}")
+  benchlib.write_results(args.out, rows, table_rows, cols)
   plot(rows, os.path.splitext(args.out)[0] + ".png")
   return 0
 
@@ -121,7 +118,7 @@ def plot(rows, path) -> None:
               label=f"{label}, N={n}")
     for limit, name in ((16 / (8 + 32 / 1024), "int8 limit"), (16 / (4 + 32 / 1024), "int4 limit")):
       ax.axhline(limit, color="grey", lw=0.5, ls=":")
-      ax.text(ax.get_xlim()[0] if False else 2 ** -8, limit, name, fontsize=6, va="bottom")
+      ax.text(2 ** -8, limit, name, fontsize=6, va="bottom")
     ax.set_xscale("log", base=2)
     ax.set_title(f"{dtype} all-reduce")
     ax.set_xlabel("MiB per device")

@@ -144,6 +144,15 @@ def write_json(path: str, data) -> None:
   os.replace(tmp, path)
 
 
+def write_results(path: str, rows: list[dict], table_rows: list[dict], columns: list[str],
+                  **fields) -> None:
+  """The JSON every bench tool writes: machine, `fields`, results, table, command."""
+  write_json(path, dict(machine=machine_info(), **fields, results=rows,
+                        table_markdown=markdown_table(table_rows, columns),
+                        command=" ".join(sys.argv)))
+  print(f"wrote {path}")
+
+
 def pyplot():
   """matplotlib's pyplot with a file-only backend, or None if not installed."""
   try:
