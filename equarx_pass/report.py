@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from typing import Sequence
 
 from equarx_pass.rewrite import SiteRecord
@@ -47,6 +45,3 @@ def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
   lines.append(summary)
   return "\n".join(lines)
 
-
-def to_json(records: Sequence[SiteRecord]) -> str:
-  return json.dumps([dataclasses.asdict(r) for r in records], indent=1)
