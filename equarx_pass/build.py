@@ -213,14 +213,27 @@ class _Emitter:
     return self.reshape(pairs, (rows, 2 * half))
 
   def butterflies(self, x, size: int) -> ir.Value:
-    """rotation.butterflies on a flat f32 vector."""
+    """rotation.butterflies on a flat f32 vector, two stages per pass where it can.
+
+    Stages h and 2h together are a 4-point butterfly over a, b, c, d (stride h):
+    (a+b)+(c+d), (a-b)+(c-d), (a+b)-(c+d), (a-b)-(c-d): the same adds in the same
+    order as two separate stages, so the same bits, but one pass over memory
+    instead of two (on XLA:CPU a stage costs a full pass; radix 4 is ~1.4x faster).
+    """
     (m,) = _shape(x)
-    for h in rotation.stages(size):
-      pairs = self.reshape(x, (m // (2 * h), 2, h))
-      a = self.slice(pairs, (0, 0, 0), (m // (2 * h), 1, h))
-      b = self.slice(pairs, (0, 1, 0), (m // (2 * h), 2, h))
-      x = self.reshape(self.concat([hlo.AddOp(a, b).result, hlo.SubtractOp(a, b).result], 1),
-                       (m,))
+    for h, radix in rotation.passes(size):
+      rows = m // (radix * h)
+      group = self.reshape(x, (rows, radix, h))
+      part = [self.slice(group, (0, i, 0), (rows, i + 1, h)) for i in range(radix)]
+      if radix == 2:
+        outs = [hlo.AddOp(part[0], part[1]).result, hlo.SubtractOp(part[0], part[1]).result]
+      else:
+        a, b, c, d = part
+        s1, d1 = hlo.AddOp(a, b).result, hlo.SubtractOp(a, b).result
+        s2, d2 = hlo.AddOp(c, d).result, hlo.SubtractOp(c, d).result
+        outs = [hlo.AddOp(s1, s2).result, hlo.AddOp(d1, d2).result,
+                hlo.SubtractOp(s1, s2).result, hlo.SubtractOp(d1, d2).result]
+      x = self.reshape(self.concat(outs, 1), (m,))
     return x
 
   def hadamard(self, x, size: int) -> ir.Value:
