@@ -352,6 +352,20 @@ def emit_allreduce(operands: list[ir.Value], plan: RingPlan,
   return results
 
 
+def emit_ring_step(payload: ir.Value, local: ir.Value, block: int,
+                   fmt: qz.Format) -> ir.Value:
+  """One ring step's arithmetic between two permutes: Dq -> f32 add -> Qp1/Qp2.
+
+  payload: int8 [1, P] as received; local: f32 [1, C], this rank's chunk.
+  Returns the int8 [1, P] payload the next permute sends.  The same ops as the
+  reduce-scatter loop body; tools/bench_gpu_step.py times them alone.
+  """
+  em = _Emitter()
+  c = _shape(local)[1]
+  partial = hlo.AddOp(em.dequantize_rows(payload, c, block, fmt), local).result
+  return em.quantize_rows(partial, block, fmt)
+
+
 def _rank(em, plan, coll) -> ir.Value:
   """This device's position in its group, an i32 scalar."""
   device = (hlo.PartitionIdOp() if coll.partition else hlo.ReplicaIdOp()).result

@@ -415,6 +415,8 @@ def main() -> int:
   ap.add_argument("--quick", action="store_true", help="few sizes, 3 repeats")
   ap.add_argument("--keep-raw", action="store_true",
                   help="also write every host's own rows to OUT.raw.json")
+  ap.add_argument("--no-slow-start-after-idle", action="store_true",
+                  help="set net.ipv4.tcp_slow_start_after_idle=0 in every host namespace")
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "netbench.json"))
   ap.add_argument("--replot", metavar="JSON",
                   help="only print the tables and redraw the plot of a saved run")
@@ -464,7 +466,8 @@ def main() -> int:
   outdir = tempfile.mkdtemp(prefix="netbench-")
   rows = []
   started = time.time()
-  with netns.Network(args.procs, None) as net:
+  with netns.Network(args.procs, None,
+                     slow_start_after_idle=not args.no_slow_start_after_idle) as net:
     for rate in args.rates:
       rsizes, est = plan[rate]
       cfg = {"budget": {rate: 3 * est + 60},
@@ -482,6 +485,7 @@ def main() -> int:
   print("\n".join(lines))
   result = dict(machine=benchlib.machine_info(), procs=args.procs, rates=args.rates,
                 repeats=args.repeats, warmup=args.warmup, seconds=elapsed,
+                tcp_slow_start_after_idle=0 if args.no_slow_start_after_idle else 1,
                 unavailable=missing, summary=lines, results=agg,
                 pivot_markdown=pivot_markdown(agg),
                 command=" ".join(sys.argv))

@@ -64,8 +64,14 @@ def tbf_burst(rate_bps: int) -> int:
 class Network:
   """num_hosts namespaces on one shaped bridge; a context manager that cleans up."""
 
-  def __init__(self, num_hosts: int, rate: str | None, prefix: str | None = None):
+  def __init__(self, num_hosts: int, rate: str | None, prefix: str | None = None,
+               slow_start_after_idle: bool = True):
     self.num_hosts = num_hosts
+    # Linux restarts TCP slow start on a connection idle for one RTO; a ring
+    # that computes between steps then pays slow start every step.  Clusters
+    # that run collectives usually turn it off (per namespace, so the machine's
+    # own setting is untouched).
+    self.slow_start_after_idle = slow_start_after_idle
     self.rate = rate
     self.prefix = prefix or f"eqx{os.getpid() % 100000}"
     self.bridge_ns = f"{self.prefix}-br"
@@ -116,6 +122,8 @@ class Network:
       _ip("ip", "addr", "add", f"{self.host_ip(i)}/24", "dev", "eth0", netns=ns)
       _ip("ip", "link", "set", "eth0", "up", netns=ns)
       _ip("ip", "link", "set", "lo", "up", netns=ns)
+      if not self.slow_start_after_idle:
+        _ip("sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0", netns=ns)
     if self.rate:
       self.set_rate(self.rate)
 

@@ -1,0 +1,165 @@
+"""The ring step's arithmetic (Dq -> f32 add -> Q) on one device, against copy bandwidth.
+
+    python tools/bench_gpu_step.py                          # CPU, about 1 minute
+    python tools/bench_gpu_step.py --platform cuda      # writes docs/ring_step_cuda.json
+
+Issue 4's GPU step: between two collective-permutes, every ring step dequantizes
+the chunk it received, adds its own f32 chunk and quantizes the sum for the next
+hop.  This tool emits exactly those ops with the pass's own emitter
+(`build.emit_ring_step`, the body of the reduce-scatter loop without the permute),
+compiles them for the device alone and times them for large chunks, next to:
+  - the device's copy bandwidth (a jitted f32 negate: one read and one write, the
+    cheapest pass over the chunk), measured in the same run;
+  - the time the chunk's payload takes on a few links (NVLink-class 450 GB/s,
+    100 Gbit/s, 1 Gbit/s), so one can see whether the step hides behind the transfer.
+Each step's output is checked against the NumPy model (quantize.py): "model" = the
+bits agree.  The step needs no collective,
+so one device is enough (`--platform cuda` needs jax[cuda] on the GPU machine).  Writes JSON (--out) and a PNG next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
+SIZES = ["1M", "4M", "16M", "64M"]            # values per chunk
+FORMATS = ["int8", "int4", "fp8_e4m3"]
+LINKS = {"450 GB/s": 450e9, "100 Gbit/s": 100e9 / 8, "1 Gbit/s": 1e9 / 8}
+
+
+def step_program(jax, c: int, block: int, fmt):
+  """A compiled (payload int8 [1, P], local f32 [1, C]) -> payload int8 [1, P]."""
+  import jax.numpy as jnp
+  from jax.extend.mlir import ir
+  from jax.extend.mlir.dialects import func
+
+  from equarx_pass import _jax_private, build
+  p = fmt.code_bytes(c) + 4 * (c // block)
+  payload_spec = jax.ShapeDtypeStruct((1, p), jnp.int8)
+  local_spec = jax.ShapeDtypeStruct((1, c), jnp.float32)
+  # Lower a function of the right signature, then replace its body with the step.
+  lowered = jax.jit(lambda payload, local: payload, keep_unused=True).lower(payload_spec, local_spec)
+  module = lowered.compiler_ir("stablehlo")
+  main = next(op for op in module.body.operations
+              if isinstance(op.opview, func.FuncOp) and op.opview.sym_name.value == "main")
+  block_ = main.opview.body.blocks[0]
+  for op in list(block_.operations):
+    op.erase()
+  with module.context, ir.Location.unknown(), ir.InsertionPoint(block_):
+    out = build.emit_ring_step(block_.arguments[0], block_.arguments[1], block, fmt)
+    func.ReturnOp([out])
+  if not module.operation.verify():
+    raise RuntimeError("step module failed verification")
+  return _jax_private.lowered_with_module(lowered, module).compile(), p
+
+
+def model_step(payload, local, c, block, fmt):
+  from equarx_pass import quantize as qz
+  import numpy as np
+  code_bytes = fmt.code_bytes(c)
+  codes = payload[0, :code_bytes]
+  scale = payload[0, code_bytes:].copy().view(np.float32)
+  values = qz.codes_to_f32(codes, fmt).reshape(-1, block)
+  partial = qz.fused_multiply_add(values, scale[:, None], local.reshape(-1, block))
+  new_codes, new_scale = qz.quantize(partial.reshape(1, c), block, fmt)
+  return np.concatenate([new_codes.reshape(1, -1), new_scale.view(np.int8).reshape(1, -1)], 1)
+
+
+def timed(fn, args, calls: int) -> float:
+  import jax
+  jax.block_until_ready(fn(*args))             # warm-up
+  times = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--sizes", nargs="+", default=SIZES, help="values per chunk (K/M suffixes)")
+  ap.add_argument("--formats", nargs="+", default=FORMATS)
+  ap.add_argument("--block", type=int, default=1024)
+  ap.add_argument("--calls", type=int, default=20)
+  ap.add_argument("--platform", default="cpu", help="JAX platform: cpu, cuda, ...")
+  ap.add_argument("--out", help="JSON path (default docs/ring_step_<platform>.json)")
+  args = ap.parse_args()
+  os.environ["JAX_PLATFORMS"] = args.platform   # before JAX starts: no TPU probing
+  args.out = args.out or os.path.join(benchlib.DOCS, f"ring_step_{args.platform}.json")
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from equarx_pass import quantize as qz
+  device = jax.devices()[0]
+  print(f"device: {device.platform} {device.device_kind}", flush=True)
+  negate = jax.jit(lambda x: -x)
+  rng = np.random.default_rng(0)
+  rows = []
+  for size_text in args.sizes:
+    c = benchlib.parse_size(size_text)
+    local = rng.standard_normal((1, c), dtype=np.float32)
+    local_dev = jax.device_put(local, device)
+    copy_s = timed(negate, (local_dev,), args.calls)
+    copy_gbs = 2 * 4 * c / copy_s / 1e9
+    for fmt_name in args.formats:
+      fmt = qz.FORMATS[fmt_name]
+      step, p = step_program(jax, c, args.block, fmt)
+      codes, scale = qz.quantize(rng.standard_normal((1, c), dtype=np.float32), args.block, fmt)
+      payload = np.concatenate([codes.reshape(1, -1), scale.view(np.int8).reshape(1, -1)], 1)
+      args_dev = (jax.device_put(payload, device), local_dev)
+      step_s = timed(step, args_dev, args.calls)
+      same = np.array_equal(np.asarray(step(*args_dev)), model_step(payload, local, c,
+                                                                     args.block, fmt))
+      moved = 2 * p + 4 * c                      # read payload and chunk, write payload
+      row = dict(device=f"{device.platform} {device.device_kind}", values=c, format=fmt_name,
+                 payload_bytes=p, step_ms=step_s * 1e3, step_gbs=moved / step_s / 1e9,
+                 copy_ms=copy_s * 1e3, copy_gbs=copy_gbs, step_over_copy=step_s / copy_s,
+                 model=bool(same),
+                 link_ms={name: p / rate * 1e3 for name, rate in LINKS.items()})
+      rows.append(row)
+      print("  " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                             for k, v in row.items() if k != "link_ms"), flush=True)
+
+  cols = ["values", "format", "payload", "step ms", "step GB/s", "f32 copy ms", "copy GB/s",
+          "step / copy"] + [f"send at {n} ms" for n in LINKS] + ["model"]
+  table_rows = [{"values": benchlib.fmt_bytes(r["values"]).replace("B", ""),
+                 "format": r["format"], "payload": benchlib.fmt_bytes(r["payload_bytes"]),
+                 "step ms": f"{r['step_ms']:.3f}", "step GB/s": f"{r['step_gbs']:.1f}",
+                 "f32 copy ms": f"{r['copy_ms']:.3f}", "copy GB/s": f"{r['copy_gbs']:.1f}",
+                 "step / copy": f"{r['step_over_copy']:.2f}",
+                 **{f"send at {n} ms": f"{r['link_ms'][n]:.3f}" for n in LINKS},
+                 "model": "same bits" if r["model"] else "DIFFERS"} for r in rows]
+  print(benchlib.table(table_rows, cols, title=f"ring step on {rows[0]['device']}"))
+  benchlib.write_results(args.out, rows, table_rows, cols, block=args.block, calls=args.calls)
+  plot(rows, os.path.splitext(args.out)[0] + ".png")
+  return 0 if all(r["model"] for r in rows) else 1
+
+
+def plot(rows, path) -> None:
+  plt = benchlib.pyplot()
+  if plt is None:
+    return
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for fmt in sorted({r["format"] for r in rows}):
+    mine = [r for r in rows if r["format"] == fmt]
+    ax.plot([r["values"] for r in mine], [r["step_gbs"] for r in mine], "o-", label=f"step, {fmt}")
+  copies = {r["values"]: r["copy_gbs"] for r in rows}
+  ax.plot(sorted(copies), [copies[k] for k in sorted(copies)], "k--", label="f32 copy")
+  ax.set_xscale("log", base=2)
+  ax.set_xlabel("values per chunk")
+  ax.set_ylabel("GB/s moved (read + write)")
+  ax.set_title(f"Dq -> add -> Q, {rows[0]['device']}")
+  ax.legend()
+  benchlib.save_plot(fig, path)
+
+
+if __name__ == "__main__":
+  sys.exit(main())
