@@ -56,3 +56,15 @@ def device_list(devices):
   """
   from jax._src.lib import xla_client
   return xla_client.DeviceList(tuple(devices))
+
+
+def executable_shardings(compiled) -> tuple[list, list]:
+  """(input, output) shardings of a Compiled's executable, one per main argument/result.
+
+  Private: jax.stages.Compiled._executable (a pxla.MeshExecutable) and its
+  `_in_shardings` / `_out_shardings`.  The public `input_shardings` lists every
+  argument of the Python function, also the ones JAX dropped from `main` as
+  unused; the executable's list matches `main` one to one.
+  """
+  executable = compiled._executable
+  return list(executable._in_shardings), list(executable._out_shardings)

@@ -8,6 +8,10 @@ Per input signature: lower with jax.jit -> rewrite the StableHLO (rewrite.py) ->
 compile the rewritten module with the original lowering's shardings, donation
 and layouts (via a copy of the Lowered stage) -> cache.  When the policy is not
 enabled, calls go straight to the jax.jit object: it *is* jax.jit.
+
+All-reduces that the SPMD partitioner inserts (jax.jit + NamedSharding, no psum)
+are not in the lowered StableHLO; for those the per-device program after
+partitioning is rewritten instead (partitioned.py, --equarx_partitioned).
 """
 
 from __future__ import annotations
@@ -22,8 +26,9 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from equarx_pass import _jax_private, report
+from equarx_pass import _jax_private, match, partitioned, report
 from equarx_pass import compile as compile_lib
+from equarx_pass.errors import RewriteError
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import RewriteResult, SiteRecord, rewrite_module
 
@@ -41,6 +46,11 @@ class LoweringReport:
   records: tuple[SiteRecord, ...]
   pass_seconds: float
   tpu: compile_lib.TopologyCompile | None = None   # with --equarx_compile_for
+  # "lowered": the StableHLO jax.jit lowered; "partitioned": the per-device program
+  # after SPMD partitioning (the sites are the compiler-inserted all-reduces too).
+  route: str = "lowered"
+  note: str = ""            # why the partitioned route was not taken, where it was tried
+  first_compile_seconds: float = 0.0   # partitioned route: the compile that exposed the program
 
 
 class Report:
@@ -63,7 +73,13 @@ class Report:
 
 
 def _format_lowering(low: LoweringReport) -> str:
-  text = report.format_table(low.records, f"{low.signature} (pass {low.pass_seconds * 1e3:.1f} ms)")
+  title = f"{low.signature} (pass {low.pass_seconds * 1e3:.1f} ms)"
+  if low.route == "partitioned":
+    title = (f"{low.signature}, partitioned program (pass {low.pass_seconds * 1e3:.1f} ms, "
+             f"partitioning compile {low.first_compile_seconds:.2f} s)")
+  text = report.format_table(low.records, title)
+  if low.note:
+    text += f"\npartitioned route not taken: {low.note}"
   return text + ("\n" + low.tpu.summary() if low.tpu else "")
 
 
@@ -156,27 +172,59 @@ class Jitted:
   def _lower(self, key, args, kwargs):
     lowered = self._lowered.get(key)
     if lowered is None:
-      lowered = self._lower_and_rewrite(args, kwargs)
+      lowered, compiled = self._lower_and_rewrite(args, kwargs)
       self._lowered[key] = lowered
+      if compiled is not None:
+        self._compiled.setdefault(key, compiled)
     return lowered
 
   def _lower_and_rewrite(self, args, kwargs):
+    """(the Lowered to run, an executable of it already compiled or None)."""
     lowered = self._jitted.lower(*args, **kwargs)
-    result = rewrite_module(lowered.compiler_ir("stablehlo"), self.policy)
+    module = lowered.compiler_ir("stablehlo")
+    result = rewrite_module(module, self.policy)
+    note = ""
+    if self._wants_partitioned(module, result):
+      try:
+        return self._rewrite_partitioned(lowered, args, kwargs)
+      except partitioned.NotPartitionable as e:
+        if self.policy.partitioned == "on":
+          raise RewriteError(f"--equarx_partitioned=on: {e}") from None
+        note = str(e)
     tpu = None
     if self.policy.compile_for:
       tpu = compile_lib.compile_for_target(str(result.module), self.policy.compile_for)
-    self._record(result, tpu, args, kwargs)
+    self._record(result.records, result.seconds, tpu, args, kwargs, note=note)
     if not result.modified:
-      return lowered
-    return _jax_private.lowered_with_module(lowered, result.module)
+      return lowered, None
+    return _jax_private.lowered_with_module(lowered, result.module), None
 
-  def _record(self, result: RewriteResult, tpu, args, kwargs) -> None:
+  def _wants_partitioned(self, module, result: RewriteResult) -> bool:
+    """--equarx_partitioned: on, off, or auto = a multi-device program whose lowered
+    StableHLO has no all-reduce (so any it will have, the partitioner inserts)."""
+    mode = self.policy.partitioned
+    if mode == "off" or match.module_facts(module).num_partitions <= 1:
+      return False
+    return mode == "on" or not result.records
+
+  def _rewrite_partitioned(self, lowered, args, kwargs):
+    done = partitioned.rewrite_partitioned(lowered, self.policy)
+    tpu = None
+    if self.policy.compile_for and done.module is not None:
+      tpu = compile_lib.compile_for_target(str(done.module), self.policy.compile_for)
+    self._record(done.result.records, done.pass_seconds, tpu, args, kwargs, route="partitioned",
+                 first_compile_seconds=done.first_compile_seconds)
+    if done.module is None:
+      # Nothing rewritten: the first compile is plain jax.jit's executable; reuse it.
+      return lowered, done.compiled
+    return _jax_private.lowered_with_module(lowered, done.module), None
+
+  def _record(self, records, seconds, tpu, args, kwargs, **extra) -> None:
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     sig = ", ".join(f"{np.dtype(x.dtype).name}{list(x.shape)}" for x in leaves
                     if hasattr(x, "shape"))
     name = getattr(self._fun, "__name__", "fun")
-    low = LoweringReport(f"{name}({sig})", tuple(result.records), result.seconds, tpu)
+    low = LoweringReport(f"{name}({sig})", tuple(records), seconds, tpu, **extra)
     self.report.lowerings.append(low)
     if self.policy.report:
       print("equarx-pass: " + _format_lowering(low), file=sys.stderr)

@@ -186,7 +186,7 @@ def _replica_groups(attr: ir.Attribute, num_devices: int, facts: ModuleFacts):
   """Replica groups as tuples of device ids, from the dense or the mesh-axes form."""
   # Dialect attributes are not downcast automatically: ask the class.
   if stablehlo.ReplicaGroupMeshAxesAttr.isinstance(attr):
-    groups, problem = _mesh_axes_groups(stablehlo.ReplicaGroupMeshAxesAttr(attr), facts)
+    groups, problem = mesh_axes_groups(stablehlo.ReplicaGroupMeshAxesAttr(attr), facts)
     if problem:
       return None, problem
   elif isinstance(attr, ir.DenseIntElementsAttr):
@@ -207,7 +207,7 @@ def _replica_groups(attr: ir.Attribute, num_devices: int, facts: ModuleFacts):
   return groups, None
 
 
-def _mesh_axes_groups(attr, facts: ModuleFacts):
+def mesh_axes_groups(attr, facts: ModuleFacts):
   """#stablehlo.replica_group_mesh_axes<mesh, axes>: devices that differ only
   along `axes` form a group, ordered row-major over `axes` in the order given."""
   mesh_attr = attr.mesh

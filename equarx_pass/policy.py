@@ -20,6 +20,10 @@ FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
 ALGORITHMS = ("ring", "two_shot", "bidirectional")
 ROTATIONS = ("none", "hadamard")
 BLOCK_LAYOUTS = ("fixed", "grid")
+# Where equarx_pass.jit looks for all-reduces (partitioned.py): in the lowered
+# StableHLO, in the per-device program after SPMD partitioning, or (auto) in the
+# latter only when the former has none.
+PARTITIONED_MODES = ("auto", "on", "off")
 # Bytes per element of each selectable element type (MLIR spelling).
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
@@ -42,6 +46,7 @@ class Policy:
   block_layout: str = "fixed"   # "grid": the paper's 8 x 128 scales per chunk
   report: bool = False          # print the site table after each rewrite
   compile_for: str = ""         # e.g. "tpu:v5e:2x2": also compile for that topology
+  partitioned: str = "auto"     # equarx_pass.jit: rewrite the partitioned program (auto|on|off)
 
   def __post_init__(self):
     if self.min_bytes < 0:
@@ -56,7 +61,8 @@ class Policy:
     for flag, value, choices in (("format", self.format, FORMATS),
                                  ("algorithm", self.algorithm, ALGORITHMS),
                                  ("rotation", self.rotation, ROTATIONS),
-                                 ("block_layout", self.block_layout, BLOCK_LAYOUTS)):
+                                 ("block_layout", self.block_layout, BLOCK_LAYOUTS),
+                                 ("partitioned", self.partitioned, PARTITIONED_MODES)):
       if value not in choices:
         raise FlagError(f"--equarx_{flag} must be one of {','.join(choices)}, got {value!r}")
     try:
@@ -170,6 +176,9 @@ FLAGS = {f.name: f for f in [
          "fixed (--equarx_block_size values per scale) or grid (8x128 scales per chunk)"),
     Flag("equarx_report", "report", _parse_bool, "print the site table after each rewrite"),
     Flag("equarx_compile_for", "compile_for", _parse_str, "also compile for tpu:TOPOLOGY ahead of time"),
+    Flag("equarx_partitioned", "partitioned", _parse_str,
+         "equarx_pass.jit: rewrite the all-reduces the SPMD partitioner inserts: "
+         "auto (when the lowered program has none), on, off"),
 ]}
 
 

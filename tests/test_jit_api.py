@@ -184,7 +184,8 @@ def policies(draw):
       microshards=draw(st.sampled_from([1, 2, 4])),
       block_layout=draw(st.sampled_from(policy_lib.BLOCK_LAYOUTS)),
       report=draw(st.booleans()),
-      compile_for=draw(st.sampled_from(["", "tpu:v5e:2x2", "tpu:v4:2x2x1"])))
+      compile_for=draw(st.sampled_from(["", "tpu:v5e:2x2", "tpu:v4:2x2x1"])),
+      partitioned=draw(st.sampled_from(policy_lib.PARTITIONED_MODES)))
   try:
     return equarx_pass.Policy(**fields)
   except equarx_pass.FlagError:

@@ -1,0 +1,275 @@
+"""The partitioned route: all-reduces that the SPMD partitioner inserts.
+
+A `jax.jit` program sharded with NamedSharding has no all-reduce in its lowered
+StableHLO: the partitioner (Shardy, then XLA's SPMD partitioner) adds them while
+compiling.  This module gets them:
+
+1. compile the original lowering once, with XLA dumping the module right after
+   its `spmd-partitioning` pass into a temporary directory: the per-device
+   program, with the all-reduces, before any fusion or layout assignment;
+2. convert that HLO text to StableHLO, rewrite its all-reduces (rewrite.py);
+3. build a module that keeps the original `main` signature (global shapes, the
+   shardings of the first compile, donation) and whose body is one
+   `sdy.manual_computation` over every mesh axis that calls the rewritten
+   per-device program: the partitioner has nothing left to do but split the
+   inputs and join the outputs, exactly as it did the first time.
+
+The new module compiles through the original lowering (`_jax_private.lowered_with_module`),
+so the result is a real `jax.stages.Lowered` / `Compiled` with the same input and
+output shardings as plain jax.jit.
+
+Why not the public `jax.extend.xla.register_hlo_module_transformation` hook:
+see BUILD_NOTES.md ("Compiler-inserted all-reduces"); in short, it hands over the
+module after fusion and layout assignment, and the StableHLO round trip drops the
+fusions' backend configs, which XLA:CPU then refuses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+import time
+
+import numpy as np
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import func, sdy, stablehlo
+
+from equarx_pass import _jax_private, match
+from equarx_pass.errors import RewriteError
+from equarx_pass.policy import Policy
+from equarx_pass.rewrite import RewriteResult, rewrite_module, verify
+
+# XLA dumps the module after every pass whose name matches; this one is the
+# SPMD partitioner proper (the pass that inserts the collectives).
+PARTITION_PASS = "spmd-partitioning"
+# Symbol of the per-device program inside the rebuilt module.
+PER_DEVICE_MAIN = "equarx_per_device_main"
+PER_DEVICE_PREFIX = "equarx_per_device_"
+
+
+class NotPartitionable(Exception):
+  """The program cannot take the partitioned route; the message says why.
+
+  Not an EquarxError: jit.py catches it and runs the program as plain jax.jit
+  would, with the reason in the site report.
+  """
+
+
+@dataclasses.dataclass
+class PartitionedRewrite:
+  compiled: object              # the first compile (plain jax.jit's executable)
+  result: RewriteResult         # the rewritten per-device program and its site records
+  module: ir.Module | None      # the rebuilt global module; None when nothing was rewritten
+  first_compile_seconds: float  # compiling the original to expose its per-device program
+  pass_seconds: float           # converting, rewriting and rebuilding
+
+
+def rewrite_partitioned(lowered, policy: Policy) -> PartitionedRewrite:
+  """Compile `lowered` once to get its per-device program, rewrite it, rebuild it."""
+  start = time.perf_counter()
+  compiled, hlo_text = _compile_and_dump(lowered)
+  first_compile = time.perf_counter() - start
+  start = time.perf_counter()
+  original = lowered.compiler_ir("stablehlo")
+  mesh_name, mesh = _only_mesh(original)
+  per_device = _per_device_module(hlo_text, original)
+  result = rewrite_module(per_device, policy)
+  module = None
+  if result.modified:
+    in_shardings, out_shardings = _jax_private.executable_shardings(compiled)
+    module = _rebuild(original, result.module, mesh_name, mesh, in_shardings, out_shardings)
+  return PartitionedRewrite(compiled, result, module, first_compile,
+                            time.perf_counter() - start)
+
+
+def _compile_and_dump(lowered):
+  """Compile `lowered` (a fresh executable) and return it with the partitioned HLO text."""
+  with tempfile.TemporaryDirectory(prefix="equarx_spmd_") as tmp:
+    options = {"xla_dump_to": tmp, "xla_dump_hlo_pass_re": PARTITION_PASS,
+               "xla_dump_hlo_as_text": True}
+    compiled = lowered.compile(compiler_options=options)
+    # module_NNNN.jit_f.NNNN.spmd-partitioner.after_spmd-partitioning.before_X.txt
+    names = sorted(n for n in os.listdir(tmp)
+                   if f"after_{PARTITION_PASS}." in n and n.endswith(".txt"))
+    if not names:
+      raise NotPartitionable(
+          f"XLA ran no {PARTITION_PASS} pass (a single-device program, or a compile "
+          "cache hit); nothing to rewrite")
+    with open(os.path.join(tmp, names[-1])) as f:
+      return compiled, f.read()
+
+
+def _only_mesh(module: ir.Module):
+  """The module's one sdy.mesh: (symbol name, match.Mesh)."""
+  meshes = match.module_facts(module).meshes
+  if len(meshes) != 1:
+    raise NotPartitionable(f"the program uses {len(meshes)} device meshes; the "
+                           "partitioned route handles exactly one")
+  return meshes[0]
+
+
+def _per_device_module(hlo_text: str, original: ir.Module) -> ir.Module:
+  """HLO text of the partitioned program -> StableHLO in `original`'s context.
+
+  The conversion drops the device counts and writes replica groups as
+  mesh-axes attributes over a mesh of its own; both are made explicit here so
+  that the functions can move into another module.
+  """
+  from jax.extend import mlir as jax_mlir
+  proto = _jax_private.hlo_text_to_proto(hlo_text)
+  module = ir.Module.parse(jax_mlir.hlo_to_stablehlo(proto), context=original.context)
+  attrs = original.operation.attributes
+  for name in ("mhlo.num_partitions", "mhlo.num_replicas"):
+    if name in attrs:
+      module.operation.attributes[name] = attrs[name]
+  _dense_replica_groups(module)
+  for op in list(module.body.operations):
+    if op.operation.name == "sdy.mesh":
+      op.operation.erase()
+  return module
+
+
+def _dense_replica_groups(module: ir.Module) -> None:
+  """Every #stablehlo.replica_group_mesh_axes attribute -> dense device-id groups."""
+  facts = match.module_facts(module)
+  i64 = ir.IntegerType.get_signless(64, module.context)
+  for op in match.walk(module.operation):
+    attrs = op.attributes
+    if "replica_groups" not in attrs:
+      continue
+    attr = attrs["replica_groups"]
+    if not stablehlo.ReplicaGroupMeshAxesAttr.isinstance(attr):
+      continue
+    groups, problem = match.mesh_axes_groups(stablehlo.ReplicaGroupMeshAxesAttr(attr), facts)
+    if problem:
+      raise NotPartitionable(f"{op.name} in the partitioned program: {problem}")
+    array = np.array(groups, np.int64)
+    with module.context, ir.Location.unknown():
+      attrs["replica_groups"] = ir.DenseIntElementsAttr.get(
+          array, type=ir.RankedTensorType.get(list(array.shape), i64))
+
+
+def sdy_sharding_text(sharding, mesh_name: str, mesh: match.Mesh, rank: int) -> str:
+  """A jax NamedSharding over the module's mesh -> `#sdy.sharding<@mesh, [...]>` text."""
+  spec = getattr(sharding, "spec", None)
+  jax_mesh = getattr(sharding, "mesh", None)
+  if spec is None or jax_mesh is None:
+    raise NotPartitionable(f"a sharding the partitioned route cannot express: {sharding}")
+  if tuple(jax_mesh.axis_names) != tuple(mesh.axis_names) or \
+      tuple(jax_mesh.axis_sizes) != tuple(mesh.axis_sizes):
+    raise NotPartitionable(f"sharding {sharding} is over another mesh than the program's "
+                           f"{dict(zip(mesh.axis_names, mesh.axis_sizes))}")
+  if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
+    raise NotPartitionable(f"unreduced/reduced axes in {sharding} are not supported")
+  dims = []
+  for i in range(rank):
+    entry = spec[i] if i < len(spec) else None
+    names = () if entry is None else ((entry,) if isinstance(entry, str) else tuple(entry))
+    dims.append("{" + ", ".join(f'"{n}"' for n in names) + "}")
+  return f"#sdy.sharding<@{mesh_name}, [{', '.join(dims)}]>"
+
+
+def _rebuild(original: ir.Module, per_device: ir.Module, mesh_name: str, mesh: match.Mesh,
+             in_shardings, out_shardings) -> ir.Module:
+  """`original`'s main (signature and attributes) around the per-device program."""
+  from equarx_pass.rewrite import copy_module
+  module = copy_module(original)
+  ctx = module.context
+  with ctx, ir.Location.unknown(ctx):
+    main = _main(module)
+    # Everything but main and the mesh goes: main's new body calls only the
+    # per-device program.
+    for op in list(module.body.operations):
+      if op.operation.name == "func.func" and op.operation != main.operation:
+        op.operation.erase()
+    _move_functions(per_device, module)
+    per_main = _lookup(module, PER_DEVICE_MAIN)
+
+    arg_types = list(main.type.inputs)
+    result_types = list(main.type.results)
+    local_in = list(per_main.type.inputs)
+    local_out = list(per_main.type.results)
+    if len(local_in) != len(arg_types) or len(local_out) != len(result_types):
+      raise NotPartitionable(
+          f"the partitioned program takes {len(local_in)} arguments and returns "
+          f"{len(local_out)} results; the original main {len(arg_types)} and {len(result_types)}")
+    if len(in_shardings) != len(arg_types) or len(out_shardings) != len(result_types):
+      raise NotPartitionable("the executable's shardings do not match main's arguments and results")
+    in_attrs = [ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape)))
+                for s, t in zip(in_shardings, map(ir.RankedTensorType, arg_types))]
+    out_attrs = [ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape)))
+                 for s, t in zip(out_shardings, map(ir.RankedTensorType, result_types))]
+    _set_value_attrs(main, "arg_attrs", in_attrs)
+    _set_value_attrs(main, "res_attrs", out_attrs)
+
+    block = main.regions[0].blocks[0]
+    for op in reversed(list(block.operations)):
+      op.operation.erase()
+    with ir.InsertionPoint(block):
+      manual = sdy.ManualComputationOp(
+          result_types, list(block.arguments),
+          sdy.TensorShardingPerValueAttr.get(in_attrs),
+          sdy.TensorShardingPerValueAttr.get(out_attrs),
+          sdy.ManualAxesAttr.get([ir.StringAttr.get(n) for n in mesh.axis_names]))
+      body = manual.regions[0].blocks.append(*local_in)
+      with ir.InsertionPoint(body):
+        call = func.CallOp(local_out, ir.FlatSymbolRefAttr.get(PER_DEVICE_MAIN),
+                           list(body.arguments))
+        sdy.ReturnOp(list(call.results))
+      func.ReturnOp(list(manual.results))
+  verify(module)
+  return module
+
+
+def _main(module: ir.Module):
+  for op in module.body.operations:
+    if op.operation.name == "func.func" and \
+        ir.StringAttr(op.attributes["sym_name"]).value == "main":
+      return op
+  raise RewriteError("the lowered module has no main function")
+
+
+def _lookup(module: ir.Module, name: str):
+  for op in module.body.operations:
+    if op.operation.name == "func.func" and \
+        ir.StringAttr(op.attributes["sym_name"]).value == name:
+      return op
+  raise RewriteError(f"no function @{name} after the move")
+
+
+def _move_functions(source: ir.Module, target: ir.Module) -> None:
+  """Move every function of `source` into `target`, prefixed and private."""
+  for op in list(source.body.operations):
+    if op.operation.name != "func.func":
+      continue
+    old = ir.StringAttr(op.attributes["sym_name"]).value
+    new = PER_DEVICE_MAIN if old == "main" else PER_DEVICE_PREFIX + old
+    ir.SymbolTable.replace_all_symbol_uses(old, new, source.operation)
+    ir.SymbolTable.set_symbol_name(op, new)
+  for op in list(source.body.operations):
+    if op.operation.name != "func.func":
+      continue
+    op.attributes["sym_visibility"] = ir.StringAttr.get("private", target.context)
+    # Shardings of the per-device program's own parameters mean nothing inside
+    # the manual computation.
+    for key in ("arg_attrs", "res_attrs"):
+      if key in op.attributes:
+        del op.attributes[key]
+    op.operation.move_after(list(target.body.operations)[-1])
+
+
+def _set_value_attrs(main, key: str, shardings) -> None:
+  """Set sdy.sharding in main's per-argument (or per-result) attribute dictionaries."""
+  old = main.attributes[key] if key in main.attributes else None
+  dicts = []
+  for i, sharding in enumerate(shardings):
+    entries = {}
+    if old is not None:
+      d = ir.DictAttr(ir.ArrayAttr(old)[i])
+      for j in range(len(d)):
+        named = d[j]
+        entries[named.name] = named.attr
+    entries["sdy.sharding"] = sharding
+    dicts.append(ir.DictAttr.get(entries))
+  main.attributes[key] = ir.ArrayAttr.get(dicts)
