@@ -42,6 +42,8 @@ class Policy:
   block_layout: str = "fixed"   # "grid": the paper's 8 x 128 scales per chunk
   report: bool = False          # print the site table after each rewrite
   compile_for: str = ""         # e.g. "tpu:v5e:2x2": also compile for that topology
+  calibration: str = ""         # a calibration file (equarx_pass.calibrate): its sites use
+                                # static int4 scales with bf16 outlier features
 
   def __post_init__(self):
     if self.min_bytes < 0:
@@ -152,7 +154,8 @@ class Flag:
       return f"--{self.name}" if value else f"--no{self.name}"
     if isinstance(value, tuple):
       value = ",".join(value)
-    return f"--{self.name}={value}"
+    # Quoted, so that from_flags(to_flags()) survives a file name with spaces.
+    return f"--{self.name}={shlex.quote(str(value))}"
 
 
 FLAGS = {f.name: f for f in [
@@ -170,6 +173,9 @@ FLAGS = {f.name: f for f in [
          "fixed (--equarx_block_size values per scale) or grid (8x128 scales per chunk)"),
     Flag("equarx_report", "report", _parse_bool, "print the site table after each rewrite"),
     Flag("equarx_compile_for", "compile_for", _parse_str, "also compile for tpu:TOPOLOGY ahead of time"),
+    Flag("equarx_calibration", "calibration", _parse_str,
+         "calibration file of equarx_pass.calibrate: its sites get static int4 scales and "
+         "bf16 outlier features; the others the dynamic scheme"),
 ]}
 
 
