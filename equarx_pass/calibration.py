@@ -51,12 +51,19 @@ class SiteCalibration:
   def row(self, device: int) -> int:
     return self.devices.index(device)
 
-  def group_scales(self, group: Sequence[int], outliers: Sequence[int]) -> outlier.GroupScales:
-    """The static numbers of one group (device ids in group order)."""
+  def group_scales(self, group: Sequence[int], outliers: Sequence[int],
+                   clip: float = 0.0) -> outlier.GroupScales:
+    """The static numbers of one group (device ids in group order).
+
+    clip > 0: each range is at most clip x the feature's calibrated rms
+    (outlier.clipped_range).
+    """
     rows = [self.row(d) for d in group]
-    in_ranges = self.stats["in_range"][rows]
+    in_ranges = outlier.clipped_range(self.stats["in_range"][rows],
+                                      self.stats["in_mean_square"][rows], clip)
     # Every member of a group holds the same result: its range is one vector.
-    out_ranges = np.max(self.stats["out_range"][rows], axis=0)
+    out_ranges = np.max(outlier.clipped_range(self.stats["out_range"][rows],
+                                              self.stats["out_mean_square"][rows], clip), axis=0)
     return outlier.GroupScales(in_ranges, out_ranges, tuple(outliers))
 
   def outliers(self) -> tuple[int, ...]:

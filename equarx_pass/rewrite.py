@@ -149,11 +149,13 @@ def _calibrated_plans(candidates: list[match.Candidate], policy: Policy,
       records[i] = dataclasses.replace(records[i], reason=f"{records[i].reason}; "
                                        f"not calibrated: {why}")
       continue
-    plan = _calibrated_plan(cand, calib.sites[site.index])
+    plan = _calibrated_plan(cand, calib.sites[site.index], policy.calibration_clip)
     plans[site.index] = plan
     lay = plan.layout
     reason = (f"calibrated int4 two_shot, {len(lay.outliers)} of {lay.features} features "
               f"in bf16, {lay.bits_per_value:.2f} bits/value")
+    if policy.calibration_clip:
+      reason += f", ranges clipped at {policy.calibration_clip:g} rms"
     after = lay.wire_bytes()
     if records[i].bytes_before and after >= records[i].bytes_before:
       reason += f"; sends {after / records[i].bytes_before:.1f}x the original's bytes (padding)"
@@ -161,15 +163,15 @@ def _calibrated_plans(candidates: list[match.Candidate], policy: Policy,
   return plans
 
 
-def _calibrated_plan(cand: match.Candidate, entry: calibration.SiteCalibration
-                     ) -> build.CalibratedPlan:
+def _calibrated_plan(cand: match.Candidate, entry: calibration.SiteCalibration,
+                     clip: float) -> build.CalibratedPlan:
   site = cand.site
   outliers = entry.outliers()
   layout = outlier.make_layout(site.operands[0].shape, site.group_size, outliers)
   normal = list(layout.normal)
   tables = {"in_scale": [], "in_reciprocal": [], "out_scale": [], "out_reciprocal": []}
   for group in site.groups:
-    scales = entry.group_scales(group, outliers)
+    scales = entry.group_scales(group, outliers, clip)
     s, r = outlier.static_scales(np.asarray(scales.in_ranges, np.float32)[:, normal])
     tables["in_scale"].append(s)
     tables["in_reciprocal"].append(r)

@@ -35,9 +35,9 @@ def _draw(rng, shape, hot=(3, 77)):
   return x
 
 
-def _model(x, entry, group, out_dtype=None):
+def _model(x, entry, group, out_dtype=None, clip=0.0):
   """The model's results for the devices of `group` (ids into x's first axis)."""
-  scales = entry.group_scales(group, entry.outliers())
+  scales = entry.group_scales(group, entry.outliers(), clip)
   return outlier.reference([x[d:d + 1] for d in group], scales, out_dtype)
 
 
@@ -75,14 +75,17 @@ def test_calibrate_records_numpy_ranges(one_group):
   assert data["format"] == "equarx-calibration" and data["version"] == 1
 
 
-def test_calibrated_equals_model_bit_for_bit(one_group):
+@pytest.mark.parametrize("clip", [0.0, 2.55])
+def test_calibrated_equals_model_bit_for_bit(one_group, clip):
   program, _, path, calib, rng = one_group
-  fn = equarx_pass.jit(program, flags=f"{ON} --equarx_calibration={path}")
+  fn = equarx_pass.jit(program, flags=f"{ON} --equarx_calibration={path} "
+                       f"--equarx_calibration_clip={clip}")
   x = _draw(rng, (8, 1, 40, 256))[:, 0]
   out = np.asarray(fn(x))
   (record,) = fn.report.records
   assert record.rewritten and record.reason.startswith("calibrated int4 two_shot, 4 of 256")
-  model = _model(x, calib.sites[0], tuple(range(8)))
+  assert ("clipped at 2.55 rms" in record.reason) == bool(clip)
+  model = _model(x, calib.sites[0], tuple(range(8)), clip=clip)
   for r in range(8):
     np.testing.assert_array_equal(out[r], model[r][0], err_msg=f"rank {r}")
     np.testing.assert_array_equal(out[r], out[0])
@@ -225,7 +228,10 @@ def test_bad_calibration_file(content, message, tmp_path):
   assert str(path) in str(info.value) and message in str(info.value)
 
 
-def test_calibration_flag_round_trips():
-  policy = Policy.from_flags("--equarx_enable '--equarx_calibration=/tmp/a b.json'")
-  assert policy.calibration == "/tmp/a b.json"
+def test_calibration_flags_round_trip():
+  policy = Policy.from_flags("--equarx_enable '--equarx_calibration=/tmp/a b.json' "
+                             "--equarx_calibration_clip=2.55")
+  assert policy.calibration == "/tmp/a b.json" and policy.calibration_clip == 2.55
   assert Policy.from_flags(policy.to_flags()) == policy
+  with pytest.raises(equarx_pass.FlagError, match="calibration_clip"):
+    Policy.from_flags("--equarx_calibration_clip=0.5")
