@@ -443,7 +443,6 @@ class CalibratedPlan:
 def _take_columns(em: _Emitter, x, columns) -> ir.Value:
   """x[:, columns] of a 2-D tensor, `columns` a static index list (one gather)."""
   rows, _ = _shape(x)
-  element = ir.RankedTensorType(x.type).element_type
   indices = em.const(np.asarray(columns, np.int32).reshape(-1, 1), em.i32)
   dims = hlo.GatherDimensionNumbers.get(
       offset_dims=[0], collapsed_slice_dims=[1], operand_batching_dims=[],

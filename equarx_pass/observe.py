@@ -265,11 +265,10 @@ def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | N
     raise FlagError(f"calibrate: ema must be in [0, 1), got {ema}")
   if isinstance(fn, Jitted):
     jitted = fn
-    if policy is not None or flags:
-      jitted.policy = resolve_policy(policy or fn.policy, flags)
+    base = resolve_policy(policy or fn.policy, flags) if (policy or flags) else fn.policy
   else:
     jitted = Jitted(fn, resolve_policy(policy, flags), jit_kwargs)
-  base = jitted.policy
+    base = jitted.policy
   path = path or base.calibration
   if not path:
     raise FlagError("calibrate: give path= or --equarx_calibration=FILE")
