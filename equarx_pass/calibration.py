@@ -10,11 +10,14 @@ JSON, one object:
               "out_range": [...], "in_mean_square": [...], "out_mean_square": [...]}],
    "unobserved": [{"index": 5, "location": ..., "reason": ...}]}
 
-The site key is (index, location, type): the all-reduce's ordinal among all
-all-reduces of the lowered module in walk order (match.find_all_reduces), its
-source location as the report prints it, and its operand type.  Locations alone
-repeat across the unrolled layers of a model; the ordinal alone would silently
-apply one layer's scales to another after the program changed.
+The site key is (index, location, dtype and last dimension): the all-reduce's
+ordinal among all all-reduces of the lowered module in walk order
+(match.find_all_reduces), its source location as the report prints it, and its
+element type and number of features.  Locations alone repeat across the
+unrolled layers of a model; the ordinal alone would silently apply one layer's
+scales to another after the program changed.  The leading dimensions (tokens,
+batch) may differ from the calibrated ones: the statistics are per feature.
+"type" and "shape" record the first calibrated operand.
 in_range / out_range: per device and feature (last dimension), the absmax of the
 all-reduce's operand / result, an exponential moving average over the batches;
 the mean squares likewise (not used by the scheme yet; recorded for clipping).
@@ -175,9 +178,11 @@ def mismatch(entry: SiteCalibration | None, index: int, location: str, shape, dt
     return f"site #{index} is not in the calibration file"
   if entry.location != location:
     return f"calibrated site #{index} is at {entry.location!r}, this one at {location!r}"
-  if entry.shape != tuple(shape) or entry.dtype != dtype:
+  # Per-feature statistics hold for any number of rows: only the last dimension counts.
+  features = tuple(shape)[-1:] or (1,)
+  if entry.dtype != dtype or (entry.shape[-1:] or (1,)) != features:
     return (f"shape {_dims(shape)} {dtype} differs from the calibrated "
-            f"{_dims(entry.shape)} {entry.dtype}")
+            f"{_dims(entry.shape)} {entry.dtype} in its features (last dimension) or dtype")
   if entry.groups != tuple(tuple(g) for g in groups or ()):
     return f"replica groups differ from the calibrated {[list(g) for g in entry.groups]}"
   for name in ("in_range", "out_range"):

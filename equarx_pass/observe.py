@@ -253,7 +253,9 @@ def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | N
     object, whose policy and jax.jit arguments are then used); jit_kwargs go to
     jax.jit as there.  The module is lowered the same way, so the site keys match.
   calibration_batches: each a tuple of positional arguments (or one argument, or
-    (args, kwargs)); all with one input signature.
+    (args, kwargs)).  Batches may differ in their leading dimensions (one
+    observation program per input signature); a site's statistics are per
+    feature (last dimension), so they apply to every number of rows.
   path: the file to write; default the policy's --equarx_calibration.
   policy / flags: which all-reduces to observe (the ones the policy would rewrite,
     --equarx_enable implied; default $EQUARX_FLAGS).
@@ -274,47 +276,71 @@ def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | N
     raise FlagError("calibrate: give path= or --equarx_calibration=FILE")
   observe_policy = base.replace(enable=True, calibration="")
 
-  batches = iter(calibration_batches)
-  compiled, observed, unobserved, count = None, [], [], 0
+  # One observation program per input signature (batches may differ in their
+  # leading dimensions, e.g. sequence length): per-feature statistics do not
+  # depend on the number of rows, so every signature feeds the same sites.
+  programs: dict[Any, tuple] = {}
   sums: dict[int, dict[str, Any]] = {}
-  for batch in batches:
+  first_seen: dict[int, tuple[_Observed, str]] = {}
+  unobserved: dict[int, tuple[match.Site, str]] = {}
+  count = 0
+  for batch in calibration_batches:
     args, kwargs = _as_args(batch)
-    dyn_args, dyn_kwargs, _ = jitted._split(args, kwargs)
-    if compiled is None:
-      lowered = jitted._jitted.lower(*args, **kwargs)
-      module, observed, unobserved = observation_module(lowered.compiler_ir("stablehlo"),
-                                                        observe_policy)
-      if not observed:
-        compiled = False
-        break
-      shapes = [None] * len(observed)
-      for o in observed:
-        shapes[o.output] = (len(o.mesh.device_ids), STATS_ROWS, o.features)
-      compiled = _jax_private.lowered_with_extra_outputs(lowered, module, shapes).compile()
-    outputs, stats = compiled(*dyn_args, **dyn_kwargs)
+    dyn_args, dyn_kwargs, key = jitted._split(args, kwargs)
+    if key not in programs:
+      programs[key] = _observation_program(jitted, args, kwargs, observe_policy)
+      for site, reason in programs[key][2]:
+        unobserved.setdefault(site.index, (site, reason))
+    compiled, observed, _ = programs[key]
     count += 1
+    if compiled is None:
+      continue
+    _, stats = compiled(*dyn_args, **dyn_kwargs)
     for obs in observed:
+      _check_same_site(first_seen.setdefault(obs.site.index, (obs, obs.type))[0], obs)
       value = np.asarray(stats[obs.output], np.float64)
-      devices = [d for g in obs.site.groups for d in g]
-      rows = [obs.mesh.device_ids.index(d) for d in devices]
-      per_device = value[rows]           # [devices, 4, H]
+      rows = [obs.mesh.device_ids.index(d) for g in obs.site.groups for d in g]
+      per_device = value[rows]           # [devices, 4, H], devices in group order
       entry = sums.setdefault(obs.site.index, {})
       for i, name in enumerate(calibration.STATISTICS):
         entry[name] = outlier.ema_update(entry.get(name), per_device[:, i], ema)
-  if count == 0 and compiled is None:
+  if count == 0:
     raise FlagError("calibrate: no calibration batches")
 
   sites = {}
-  for obs in observed:
-    if obs.site.index not in sums:
-      continue
+  for index, (obs, type_) in first_seen.items():
     operand = obs.site.operands[0]
     devices = tuple(d for g in obs.site.groups for d in g)
-    sites[obs.site.index] = calibration.SiteCalibration(
-        obs.site.index, obs.site.location, obs.type, operand.shape, operand.dtype,
-        obs.site.groups, devices, sums[obs.site.index])
+    sites[index] = calibration.SiteCalibration(
+        index, obs.site.location, type_, operand.shape, operand.dtype,
+        obs.site.groups, devices, sums[index])
   result = calibration.Calibration(
       sites, ema, count,
-      [dict(index=s.index, location=s.location, reason=r) for s, r in unobserved])
+      [dict(index=s.index, location=s.location, reason=r)
+       for i, (s, r) in sorted(unobserved.items()) if i not in sites])
   result.save(path)
   return result
+
+
+def _observation_program(jitted, args, kwargs, policy: Policy):
+  """(compiled observation program or None when nothing is observable, observed, unobserved)."""
+  lowered = jitted._jitted.lower(*args, **kwargs)
+  module, observed, unobserved = observation_module(lowered.compiler_ir("stablehlo"), policy)
+  if not observed:
+    return None, observed, unobserved
+  shapes = [None] * len(observed)
+  for o in observed:
+    shapes[o.output] = (len(o.mesh.device_ids), STATS_ROWS, o.features)
+  compiled = _jax_private.lowered_with_extra_outputs(lowered, module, shapes).compile()
+  return compiled, observed, unobserved
+
+
+def _check_same_site(first: _Observed, other: _Observed) -> None:
+  """Batches of another signature must give the same site there (only the rows may differ)."""
+  a, b = first.site, other.site
+  same = (a.location == b.location and a.groups == b.groups and
+          a.operands[0].dtype == b.operands[0].dtype and first.features == other.features)
+  if not same:
+    raise FlagError(f"calibrate: batches of different input signatures give different "
+                    f"all-reduces at site #{a.index} ({a.location}, {first.type} vs "
+                    f"{b.location}, {other.type}); calibrate each program separately")

@@ -185,10 +185,31 @@ def test_fallback_when_not_calibrated(one_group, tmp_path):
   assert second.reason.startswith(Policy().scheme.describe())
 
   fn = equarx_pass.jit(program, flags=f"{ON} --equarx_calibration={path}")
-  fn(_draw(rng, (8, 24, 256)))
+  fn(_draw(rng, (8, 24, 128)))
   (record,) = fn.report.records
-  assert "not calibrated: shape 1x24x256 f32 differs from the calibrated 1x40x256 f32" \
+  assert "not calibrated: shape 1x24x128 f32 differs from the calibrated 1x40x256 f32" \
       in record.reason
+
+
+def test_other_rows_and_several_signatures(one_group, tmp_path):
+  """Per-feature statistics hold for any number of rows: a call with fewer rows is
+  calibrated too, and calibration batches may have several signatures."""
+  program, _, path, calib, rng = one_group
+  fn = equarx_pass.jit(program, flags=f"{ON} --equarx_calibration={path}")
+  x = _draw(rng, (8, 3, 256))
+  out = np.asarray(fn(x))
+  assert fn.report.records[0].reason.startswith("calibrated")
+  model = _model(x, calib.sites[0], tuple(range(8)))
+  np.testing.assert_array_equal(out[5], model[5][0])
+
+  batches = [_draw(rng, (8, rows, 256)) for rows in (16, 40, 16)]
+  path2 = str(tmp_path / "two_signatures.json")
+  calib2 = equarx_pass.calibrate(program, batches, path=path2, flags="--equarx_min_bytes=0")
+  assert calib2.batches == 3 and list(calib2.sites) == [0]
+  expected = None
+  for b in batches:
+    expected = outlier.ema_update(expected, np.abs(b).max(axis=1), 0.9)
+  np.testing.assert_array_equal(calib2.sites[0].stats["in_range"], expected)
 
 
 def test_loop_sites_are_unobserved_and_fall_back(tmp_path):
