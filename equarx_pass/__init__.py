@@ -11,6 +11,7 @@ from equarx_pass.errors import (CompileError, EquarxError, FlagError, ParseError
                                 RewriteError, VerifyError)
 from equarx_pass.jit import Jitted, Report, jit
 from equarx_pass.parse import parse_bytes, parse_file
+from equarx_pass.observe import calibrate
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import RewriteResult, SiteRecord, rewrite_module
 from equarx_pass.transform import transform_file, transform_text
@@ -18,5 +19,5 @@ from equarx_pass.transform import transform_file, transform_text
 __all__ = [
     "CompileError", "EquarxError", "FlagError", "ParseError", "RewriteError", "VerifyError",
     "Jitted", "Report", "jit", "parse_bytes", "parse_file", "Policy", "RewriteResult",
-    "SiteRecord", "rewrite_module", "transform_file", "transform_text",
+    "SiteRecord", "rewrite_module", "transform_file", "transform_text", "calibrate",
 ]

@@ -68,3 +68,32 @@ def executable_shardings(compiled) -> tuple[list, list]:
   """
   executable = compiled._executable
   return list(executable._in_shardings), list(executable._out_shardings)
+
+
+def lowered_with_extra_outputs(lowered, module: ir.Module, extra_shapes):
+  """A jax.stages.Lowered of `module`, whose main returns lowered's results and then
+  one f32 array per shape in `extra_shapes`; calling its compiled form returns
+  (original outputs, tuple of the extra arrays).
+
+  Private, beyond lowered_with_module: the lowering's compile_args
+  `global_out_avals`, `out_shardings` (the extra ones UNSPECIFIED, from
+  jax._src.sharding_impls: the compiler's propagation decides) and `out_layouts`.
+  """
+  import jax
+  import numpy as np
+  from jax import stages
+  from jax._src import sharding_impls
+  old = lowered._lowering
+  new = copy.copy(old)
+  new._hlo = module
+  new._executable = None
+  args = dict(old.compile_args)
+  extra = [jax.core.ShapedArray(tuple(shape), np.float32) for shape in extra_shapes]
+  args["global_out_avals"] = list(args["global_out_avals"]) + extra
+  args["out_shardings"] = list(args["out_shardings"]) + [sharding_impls.UNSPECIFIED] * len(extra)
+  args["out_layouts"] = list(args["out_layouts"]) + [None] * len(extra)
+  new.compile_args = args
+  original = jax.tree_util.tree_unflatten(lowered.out_tree, [0] * lowered.out_tree.num_leaves)
+  out_tree = jax.tree_util.tree_structure((original, (0,) * len(extra)))
+  return stages.Lowered(new, lowered.args_info, out_tree, no_kwargs=lowered._no_kwargs,
+                        in_types=lowered._in_types, out_types=None)

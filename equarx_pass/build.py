@@ -34,7 +34,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass import quantize as qz
-from equarx_pass import ring, rotation
+from equarx_pass import outlier, ring, rotation
 from equarx_pass import scheme as scheme_lib
 
 # stablehlo ChannelHandle type 1 = DEVICE_TO_DEVICE, what JAX gives ppermute.
@@ -438,3 +438,160 @@ def _emit_two_shot(em, coll, chunks, layout, fmt, rotation_size) -> ir.Value:
   acc, _ = _while([em.splat(0, (1, c), em.f32), received], n, sum_step)
   gathered = coll.all_gather(em.quantize_rows(acc, block, fmt))      # row j: rank j's sum
   return em.dequantize_rows(gathered, c, block, fmt, rotation_size)
+
+
+# --- the calibrated outlier-feature scheme (outlier.py) -----------------------
+
+@dataclasses.dataclass(frozen=True)
+class CalibratedPlan:
+  """One site's calibrated two-shot: the layout and every group's static scales.
+
+  Tables are indexed by group (group_of_device[device id]) and, for the input
+  scales, by the sender's rank in its group; columns are the int4 features in
+  wire order (outlier.OutlierLayout.normal).
+  """
+  layout: outlier.OutlierLayout
+  schedule: ring.RingSchedule
+  device_kind: str
+  num_devices: int
+  in_scale: np.ndarray          # f32 [G, N, H - k]
+  in_reciprocal: np.ndarray     # f32 [G, N, H - k]
+  out_scale: np.ndarray         # f32 [G, H - k]
+  out_reciprocal: np.ndarray    # f32 [G, H - k]
+
+  def group_table(self) -> np.ndarray:
+    """group_table[device id] = index of the device's group (-1: in none)."""
+    table = np.full(self.num_devices, -1, np.int32)
+    for g, members in enumerate(self.schedule.groups):
+      table[list(members)] = g
+    return table
+
+
+def _take_columns(em: _Emitter, x, columns) -> ir.Value:
+  """x[:, columns] of a 2-D tensor, `columns` a static index list (one gather)."""
+  rows, _ = _shape(x)
+  indices = em.const(np.asarray(columns, np.int32).reshape(-1, 1), em.i32)
+  dims = hlo.GatherDimensionNumbers.get(
+      offset_dims=[0], collapsed_slice_dims=[1], operand_batching_dims=[],
+      start_indices_batching_dims=[], start_index_map=[1], index_vector_dim=1)
+  return hlo.GatherOp(x, indices, dims, ir.DenseI64ArrayAttr.get([rows, 1]),
+                      indices_are_sorted=False).result
+
+
+def _static_quantize(em: _Emitter, x, reciprocal) -> ir.Value:
+  """outlier.quantize_static: f32 [rows, F] and reciprocals [rows, F] -> int8 codes."""
+  shape = _shape(x)
+  clamped = hlo.ClampOp(em.splat(-outlier.QMAX, (), em.f32), hlo.MulOp(x, reciprocal).result,
+                        em.splat(outlier.QMAX, (), em.f32)).result
+  rounded = hlo.RoundNearestEvenOp(clamped).result
+  finite = hlo.IsFiniteOp(x).result
+  marked = hlo.SelectOp(finite, rounded,
+                        em.splat(outlier.NONFINITE_CODE, shape, em.f32)).result
+  return em.convert(marked, em.i8)
+
+
+def _code_values(em: _Emitter, codes) -> ir.Value:
+  """outlier.code_values: int8 codes -> f32, NaN for the non-finite marker."""
+  shape = _shape(codes)
+  marker = hlo.CompareOp(codes, em.splat(outlier.NONFINITE_CODE, shape, em.i8),
+                         hlo.ComparisonDirectionAttr.get("EQ")).result
+  return hlo.SelectOp(marker, em.splat(np.nan, shape, em.f32), em.convert(codes, em.f32)).result
+
+
+def _bf16_bytes(em: _Emitter, x, rows: int) -> ir.Value:
+  """f32 [r, k] -> bf16 (round to nearest even) -> its bytes, int8 [rows, r * k * 2 / rows]."""
+  r, k = _shape(x)
+  bf16 = em.convert(x, ir.BF16Type.get())
+  return em.reshape(em.bitcast(bf16, (r, k, 2), em.i8), (rows, r * k * 2 // rows))
+
+
+def _bf16_values(em: _Emitter, data, r: int, k: int) -> ir.Value:
+  """int8 bytes of r x k bf16 values -> f32 [r, k]."""
+  pairs = em.reshape(data, (r, k, 2))
+  return em.convert(em.bitcast(pairs, (r, k), ir.BF16Type.get()), em.f32)
+
+
+def emit_calibrated_allreduce(operands: list[ir.Value], plan: CalibratedPlan,
+                              channels: ChannelAllocator) -> list[ir.Value]:
+  """Emit the calibrated two-shot (outlier.reference, op for op) for one operand."""
+  em = _Emitter()
+  (operand,) = operands
+  t = ir.RankedTensorType(operand.type)
+  lay = plan.layout
+  n, rows, h = lay.group_size, lay.rows, lay.features
+  k = len(lay.outliers)
+  hn = h - k
+  coll = _Collectives(em, plan, channels)
+
+  # [M, H] f32, rows padded to N chunks of R, columns in wire order.
+  x = em.reshape(em.convert(operand, em.f32), (lay.num_rows, h))
+  if lay.padded_rows > lay.num_rows:
+    x = hlo.PadOp(x, em.splat(0, (), em.f32), [0, 0], [lay.padded_rows - lay.num_rows, 0],
+                  [0, 0]).result
+  x = _take_columns(em, x, lay.permutation)
+
+  # This device's group and rank pick its rows of the scale tables.
+  device = (hlo.PartitionIdOp() if coll.partition else hlo.ReplicaIdOp()).result
+  device = em.reshape(em.convert(device, em.i32), (1,))
+
+  def lookup(table):
+    return em.reshape(hlo.DynamicSliceOp(em.const(table, em.i32), [em.reshape(device, ())], [1],
+                                         results=[_tensor((1,), em.i32)]).result, ())
+  group = lookup(plan.group_table())
+  rank = lookup(plan.schedule.rank_table(plan.num_devices))
+  zero = em.i32_scalar(0)
+  in_scale = em.reshape(hlo.DynamicSliceOp(
+      em.const(plan.in_scale, em.f32), [group, zero, zero], [1, n, hn],
+      results=[_tensor((1, n, hn), em.f32)]).result, (n, hn))
+  own_reciprocal = em.reshape(hlo.DynamicSliceOp(
+      em.const(plan.in_reciprocal, em.f32), [group, rank, zero], [1, 1, hn],
+      results=[_tensor((1, 1, hn), em.f32)]).result, (1, hn))
+  out_scale = hlo.DynamicSliceOp(em.const(plan.out_scale, em.f32), [group, zero], [1, hn],
+                                 results=[_tensor((1, hn), em.f32)]).result
+  out_reciprocal = hlo.DynamicSliceOp(em.const(plan.out_reciprocal, em.f32), [group, zero],
+                                      [1, hn], results=[_tensor((1, hn), em.f32)]).result
+
+  def payload(values, count: int, reciprocal) -> ir.Value:
+    """f32 [count * R, H] in wire order -> int8 [count, P]: int4 codes, then bf16 bytes."""
+    normal = em.slice(values, (0, 0), (count * rows, hn))
+    codes = _static_quantize(em, normal, em.bcast(em.reshape(reciprocal, (hn,)),
+                                                  (count * rows, hn), [1]))
+    parts = [em.pack_int4(em.reshape(codes, (count, rows * hn)))]
+    if k:
+      hot = em.slice(values, (0, hn), (count * rows, h))
+      parts.append(_bf16_bytes(em, hot, count))
+    return em.concat(parts, 1)
+
+  def unpack(data, count: int):
+    """int8 [count, P] -> (f32 code values [count * R, H - k], bf16 as f32 [count * R, k])."""
+    codes = em.slice(data, (0, 0), (count, lay.code_bytes))
+    values = em.reshape(_code_values(em, em.unpack_int4(codes)), (count * rows, hn))
+    hot = None
+    if k:
+      hot = _bf16_values(em, em.slice(data, (0, lay.code_bytes), (count, lay.payload_bytes)),
+                         count * rows, k)
+    return values, hot
+
+  received = coll.all_to_all(payload(x, n, own_reciprocal))      # row j: from rank j
+
+  def sum_step(j, acc, acc_hot, received_, in_scale_):
+    values, hot = unpack(em.dynamic_rows(received_, j, 0, 1, lay.payload_bytes), 1)
+    scale = em.bcast(em.reshape(em.dynamic_rows(in_scale_, j, 0, 1, hn), (hn,)), (rows, hn), [1])
+    acc = hlo.AddOp(acc, hlo.MulOp(values, scale).result).result   # XLA: one FMA
+    if k:
+      acc_hot = hlo.AddOp(acc_hot, hot).result
+    return [acc, acc_hot, received_, in_scale_]
+
+  acc, acc_hot, _, _ = _while([em.splat(0, (rows, hn), em.f32),
+                               em.splat(0, (rows, max(k, 1)), em.f32), received, in_scale],
+                              n, sum_step)
+  owned = em.concat([acc, acc_hot], 1) if k else acc
+  gathered = coll.all_gather(payload(owned, 1, out_reciprocal))   # row j: rank j's sum
+
+  values, hot = unpack(gathered, n)
+  normal = hlo.MulOp(values, em.bcast(em.reshape(out_scale, (hn,)), (n * rows, hn), [1])).result
+  wire = em.concat([normal, hot], 1) if k else normal
+  inverse = np.argsort(lay.permutation)
+  out = _take_columns(em, wire, inverse)
+  out = em.slice(out, (0, 0), (lay.num_rows, h))
+  return [em.convert(em.reshape(out, tuple(t.shape)), t.element_type)]

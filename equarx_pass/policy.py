@@ -47,6 +47,9 @@ class Policy:
   report: bool = False          # print the site table after each rewrite
   compile_for: str = ""         # e.g. "tpu:v5e:2x2": also compile for that topology
   partitioned: str = "auto"     # equarx_pass.jit: rewrite the partitioned program (auto|on|off)
+  calibration: str = ""         # a calibration file (equarx_pass.calibrate): its sites use
+                                # static int4 scales with bf16 outlier features
+  calibration_clip: float = 0.0  # > 0: static range = min(range, this x rms) per feature
 
   def __post_init__(self):
     if self.min_bytes < 0:
@@ -71,6 +74,9 @@ class Policy:
       raise FlagError(f"inconsistent --equarx_* flags: {e}") from None
     if self.compile_for:
       parse_compile_target(self.compile_for)
+    if not (self.calibration_clip == 0 or 1 <= self.calibration_clip <= 100):
+      raise FlagError(f"--equarx_calibration_clip must be 0 (off) or in [1, 100], "
+                      f"got {self.calibration_clip}")
 
   @property
   def scheme(self):
@@ -134,6 +140,15 @@ def _parse_int(name: str, text: str | None) -> int:
     raise FlagError(f"--{name} takes an integer, got {text!r}") from None
 
 
+def _parse_float(name: str, text: str | None) -> float:
+  if text is None:
+    raise FlagError(f"--{name} needs a value: --{name}=X")
+  try:
+    return float(text)
+  except ValueError:
+    raise FlagError(f"--{name} takes a number, got {text!r}") from None
+
+
 def _parse_dtypes(name: str, text: str | None) -> tuple[str, ...]:
   if text is None:
     raise FlagError(f"--{name} needs a value, e.g. --{name}=bf16,f32")
@@ -158,7 +173,8 @@ class Flag:
       return f"--{self.name}" if value else f"--no{self.name}"
     if isinstance(value, tuple):
       value = ",".join(value)
-    return f"--{self.name}={value}"
+    # Quoted, so that from_flags(to_flags()) survives a file name with spaces.
+    return f"--{self.name}={shlex.quote(str(value))}"
 
 
 FLAGS = {f.name: f for f in [
@@ -179,6 +195,12 @@ FLAGS = {f.name: f for f in [
     Flag("equarx_partitioned", "partitioned", _parse_str,
          "equarx_pass.jit: rewrite the all-reduces the SPMD partitioner inserts: "
          "auto (when the lowered program has none), on, off"),
+    Flag("equarx_calibration", "calibration", _parse_str,
+         "calibration file of equarx_pass.calibrate: its sites get static int4 scales and "
+         "bf16 outlier features; the others the dynamic scheme"),
+    Flag("equarx_calibration_clip", "calibration_clip", _parse_float,
+         "with --equarx_calibration: clip each feature's static range at this many times its "
+         "calibrated rms (2.55: MSE-optimal for Gaussian data at 4 bits; 0: off, the absmax)"),
 ]}
 
 

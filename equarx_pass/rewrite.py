@@ -13,9 +13,10 @@ import dataclasses
 import io
 import time
 
+import numpy as np
 from jax.extend.mlir import ir
 
-from equarx_pass import build, match, ring
+from equarx_pass import build, calibration, match, outlier, ring
 from equarx_pass.errors import RewriteError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
@@ -96,11 +97,15 @@ def rewrite_module(module: ir.Module, policy: Policy) -> RewriteResult:
   decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
   records = [_record(d, policy) for d in decisions]
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
+  calibrated = _calibrated_plans(candidates, policy, records)
   if candidates:
     channels = build.ChannelAllocator(match.max_channel_handle(out))
     with out.context:
       for cand in candidates:
-        _replace(cand, channels, policy)
+        if cand.site.index in calibrated:
+          _replace_calibrated(cand, channels, calibrated[cand.site.index])
+        else:
+          _replace(cand, channels, policy)
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start)
 
@@ -117,6 +122,76 @@ def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Po
         f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit the "
         f"quantized ring ({type(e).__name__}: {e}); rerun without --equarx_enable "
         f"or exclude it with --equarx_max_bytes/--equarx_dtypes") from e
+  for old, new in zip(op.results, new_values):
+    old.replace_all_uses_with(new)
+  op.erase()
+
+
+def _calibrated_plans(candidates: list[match.Candidate], policy: Policy,
+                      records: list[SiteRecord]) -> dict[int, build.CalibratedPlan]:
+  """With --equarx_calibration: the calibrated plan of every candidate found in the
+  file (its record updated); the others keep the dynamic scheme, and their record
+  says why they are not calibrated."""
+  if not policy.calibration:
+    return {}
+  calib = calibration.load_cached(policy.calibration)
+  plans = {}
+  for cand in candidates:
+    site = cand.site
+    i = next(j for j, r in enumerate(records) if r.index == site.index)
+    if len(site.operands) != 1:
+      why = "several operands in one all-reduce"
+    else:
+      operand = site.operands[0]
+      why = calibration.mismatch(calib.sites.get(site.index), site.index, site.location,
+                                 operand.shape, operand.dtype, site.groups)
+    if why:
+      records[i] = dataclasses.replace(records[i], reason=f"{records[i].reason}; "
+                                       f"not calibrated: {why}")
+      continue
+    plan = _calibrated_plan(cand, calib.sites[site.index], policy.calibration_clip)
+    plans[site.index] = plan
+    lay = plan.layout
+    reason = (f"calibrated int4 two_shot, {len(lay.outliers)} of {lay.features} features "
+              f"in bf16, {lay.bits_per_value:.2f} bits/value")
+    if policy.calibration_clip:
+      reason += f", ranges clipped at {policy.calibration_clip:g} rms"
+    after = lay.wire_bytes()
+    if records[i].bytes_before and after >= records[i].bytes_before:
+      reason += f"; sends {after / records[i].bytes_before:.1f}x the original's bytes (padding)"
+    records[i] = dataclasses.replace(records[i], reason=reason, bytes_after=after)
+  return plans
+
+
+def _calibrated_plan(cand: match.Candidate, entry: calibration.SiteCalibration,
+                     clip: float) -> build.CalibratedPlan:
+  site = cand.site
+  outliers = entry.outliers()
+  layout = outlier.make_layout(site.operands[0].shape, site.group_size, outliers)
+  normal = list(layout.normal)
+  tables = {"in_scale": [], "in_reciprocal": [], "out_scale": [], "out_reciprocal": []}
+  for group in site.groups:
+    scales = entry.group_scales(group, outliers, clip)
+    s, r = outlier.static_scales(np.asarray(scales.in_ranges, np.float32)[:, normal])
+    tables["in_scale"].append(s)
+    tables["in_reciprocal"].append(r)
+    s, r = outlier.static_scales(np.asarray(scales.out_ranges, np.float32)[normal])
+    tables["out_scale"].append(s)
+    tables["out_reciprocal"].append(r)
+  return build.CalibratedPlan(layout, cand.schedule, site.device_kind, site.num_devices,
+                              **{name: np.stack(t) for name, t in tables.items()})
+
+
+def _replace_calibrated(cand: match.Candidate, channels: build.ChannelAllocator,
+                        plan: build.CalibratedPlan) -> None:
+  op = cand.op
+  try:
+    with op.location, ir.InsertionPoint(op):
+      new_values = build.emit_calibrated_allreduce(list(op.operands), plan, channels)
+  except Exception as e:
+    raise RewriteError(
+        f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit the "
+        f"calibrated scheme ({type(e).__name__}: {e}); rerun without --equarx_calibration") from e
   for old, new in zip(op.results, new_values):
     old.replace_all_uses_with(new)
   op.erase()

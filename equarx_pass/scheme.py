@@ -113,7 +113,9 @@ def reference(inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype=None) -> l
   """Per-rank results of `scheme` over one group, ranks in group order.
 
   inputs[r] is rank r's operand (any shape, all equal); each result has that
-  shape and `out_dtype` (default: the input dtype).
+  shape and `out_dtype` (default: the input dtype).  The calibrated
+  outlier-feature scheme (--equarx_calibration) needs its calibration too: its
+  model is outlier.reference.
   """
   n = len(inputs)
   shape = np.shape(inputs[0])

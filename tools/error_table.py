@@ -13,6 +13,12 @@ the wire.  Data sets, f32 per rank:
   minilm     the real inputs of the all-reduce sites of all-MiniLM-L6-v2 run
              tensor-parallel over 4 devices (python -m equarx_pass.examples.minilm
              --capture FILE.npz); only N = 4, all sites concatenated
+The calibrated outlier-feature scheme (--equarx_calibration; rows "calibrated
+int4 + bf16 H/64") is calibrated on separate draws from the same distribution:
+4 batches of the same size (the same outlier channels, other values), ranges
+as equarx_pass.calibrate records them (moving average, decay 0.9), features =
+the 4096 channels.  For MiniLM each site is calibrated on half of the sentences
+and measured on the other half, and the other way round (cross-fitting).
 Writes OUT.json and, if matplotlib is installed, OUT.png (error vs bits per value).
 """
 
@@ -27,6 +33,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from equarx_pass import calibration, outlier  # noqa: E402
 from equarx_pass import scheme as scheme_lib  # noqa: E402
 from equarx_pass.policy import Policy  # noqa: E402
 
@@ -52,6 +59,23 @@ SCHEMES = [
 ]
 
 
+# The calibrated scheme: one row per clip ratio (0: the calibrated absmax).
+CALIBRATED_CLIPS = [0.0, 2.55]
+CHANNELS = 4096
+CALIBRATION_BATCHES = 4
+EMA = 0.9
+
+
+def calibrated_name(clip: float) -> str:
+  name = "calibrated int4 + bf16 H/64, two_shot"
+  return name + (f", clip {clip:g} rms" if clip else "")
+
+
+def calibrated_flags(clip: float) -> str:
+  flags = "--equarx_calibration=FILE"
+  return flags + (f" --equarx_calibration_clip={clip:g}" if clip else "")
+
+
 def rel_err(result: np.ndarray, exact: np.ndarray, mask=None) -> float:
   r = np.asarray(result, np.float64).reshape(-1)
   e = exact.reshape(-1)
@@ -70,6 +94,94 @@ def make_data(n: int, values: int, rng) -> dict:
   rest = np.ones(channels, bool)
   rest[hot] = False
   return {"gaussian": (gaussian, None), "outlier": (outlier, np.tile(rest, values // channels))}
+
+
+def site_calibration(batches) -> calibration.SiteCalibration:
+  """What equarx_pass.calibrate records for one site, from NumPy batches
+  [N, rows, H] (the all-reduce's per-rank operands)."""
+  stats = {}
+  for x in batches:
+    x = np.asarray(x, np.float32)
+    total = x.sum(axis=0, dtype=np.float32)
+    n = x.shape[0]
+    batch = {"in_range": np.abs(x).max(axis=1),
+             "out_range": np.tile(np.abs(total).max(axis=0), (n, 1)),
+             "in_mean_square": (x.astype(np.float64) ** 2).mean(axis=1),
+             "out_mean_square": np.tile((total.astype(np.float64) ** 2).mean(axis=0), (n, 1))}
+    for name, value in batch.items():
+      stats[name] = outlier.ema_update(stats.get(name), value, EMA)
+  n, rows, h = np.shape(batches[0])
+  group = tuple(range(n))
+  return calibration.SiteCalibration(0, "", "", (rows, h), "f32", (group,), group, stats)
+
+
+def calibrated_result(data: np.ndarray, entry: calibration.SiteCalibration, clip: float):
+  """Rank 0's result of the calibrated scheme for data [N, rows, H]."""
+  n = data.shape[0]
+  outliers = entry.outliers()
+  scales = entry.group_scales(tuple(range(n)), outliers, clip)
+  layout = outlier.make_layout(data.shape[1:], n, outliers)
+  return outlier.reference(list(data), scales)[0], layout.bits_per_value
+
+
+def load_activation_sites(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
+  """Per site: (real tokens' inputs [devices, tokens, hidden], each token's sentence)."""
+  data = np.load(path)
+  mask = data["mask"]
+  sentence = data["sentence"][mask]
+  return [(data[str(site)][:, mask, :].astype(np.float32), sentence) for site in data["sites"]]
+
+
+def run_calibrated(clips, groups, values, activation_sites=None, seed=0) -> list[dict]:
+  """Rows of the calibrated scheme, on the data sets of run() (same seed, same test draws)."""
+  rows = []
+  rng = np.random.default_rng(seed)
+  sets = {n: make_data(n, values, rng) for n in groups}
+  for clip in clips:
+    for n in groups:
+      row = dict(scheme=calibrated_name(clip), flags=calibrated_flags(clip), n=n, seconds=0.0)
+      for name, (data, rest) in sets[n].items():
+        start = time.perf_counter()
+        hot = None if rest is None else np.flatnonzero(~rest[:CHANNELS])
+        # Separate draws: the same distribution (and outlier channels), another stream.
+        draw_rng = np.random.default_rng([seed, n, 1 + (name == "outlier")])
+        batches = []
+        for _ in range(CALIBRATION_BATCHES):
+          x = draw_rng.standard_normal(data.shape).astype(np.float32).reshape(n, -1, CHANNELS)
+          if hot is not None:
+            x[:, :, hot] *= 100
+          batches.append(x)
+        test = data.reshape(n, -1, CHANNELS)
+        out, bits = calibrated_result(test, site_calibration(batches), clip)
+        exact = data.astype(np.float64).sum(0)
+        row[name] = rel_err(out, exact)
+        if rest is not None:
+          row[name + "/rest"] = rel_err(out, exact, rest)
+        row["bits"] = bits
+        row["seconds"] += time.perf_counter() - start
+      rows.append(row)
+      print(_format_row(row), flush=True)
+    if activation_sites:
+      rows.append(_calibrated_minilm_row(clip, activation_sites))
+      print(_format_row(rows[-1]), flush=True)
+  return rows
+
+
+def _calibrated_minilm_row(clip: float, sites) -> dict:
+  """Each site calibrated on one half of the sentences and measured on the other."""
+  errors, norms, bits = 0.0, 0.0, []
+  for x, sentence in sites:
+    first = sentence < np.median(np.unique(sentence))
+    for calib_half, test_half in ((first, ~first), (~first, first)):
+      entry = site_calibration([x[:, calib_half]])
+      out, b = calibrated_result(x[:, test_half], entry, clip)
+      exact = x[:, test_half].astype(np.float64).sum(0)
+      errors += float(np.sum((out.astype(np.float64) - exact) ** 2))
+      norms += float(np.sum(exact ** 2))
+      bits.append(b)
+  n = sites[0][0].shape[0]
+  return dict(scheme=calibrated_name(clip), flags=calibrated_flags(clip), n=n,
+              minilm=(errors / norms) ** 0.5, bits=float(np.mean(bits)))
 
 
 def load_activations(path: str) -> np.ndarray:
@@ -153,6 +265,9 @@ def main(argv=None) -> int:
   print(f"relative L2 error vs the float64 sum, {args.values} values per rank; "
         f"bits = bits per value on the wire (bf16 ring: 16)")
   rows = run(args.scheme or SCHEMES, groups, args.values, activations)
+  if not args.scheme:
+    sites = load_activation_sites(args.activations) if args.activations else None
+    rows += run_calibrated(CALIBRATED_CLIPS, groups, args.values, sites)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out + ".json", "w") as f:
     json.dump(rows, f, indent=1)

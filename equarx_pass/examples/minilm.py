@@ -2,7 +2,7 @@
 
     python -m equarx_pass.examples.minilm [--sentences FILE] [--json]
         [--equarx_* flags] [--scheme "FLAGS"]... [--batch_size N] [--devices N]
-        [--capture FILE.npz [--capture_sentences N]]
+        [--capture FILE.npz [--capture_sentences N]] [--calibrate FILE.json]
 
 Embeds the sentences (default: minilm_corpus.txt beside this file, 256 sentences
 from the Python Language Reference) with the pretrained sentence-transformers
@@ -34,6 +34,9 @@ sentence-transformers, would pull in PyTorch, which this code does not use).
 Sentences are sorted by token count and batched (--batch_size, default 32),
 each batch padded to a multiple of 16 tokens, so that few shapes are compiled;
 padding tokens are masked out of attention and pooling, as in the reference.
+
+--calibrate FILE.json runs equarx_pass.calibrate on every other batch (128 of
+the 256 sentences) before measuring, for schemes with --equarx_calibration=FILE.json.
 
 --capture FILE.npz writes the real inputs of every all-reduce site, from the
 unquantized model, for the first --capture_sentences sentences (default 16, one
@@ -433,6 +436,9 @@ def parse_args(argv: list[str]):
   parser.add_argument("--capture", metavar="FILE.npz",
                       help="write the inputs of every all-reduce site to FILE.npz")
   parser.add_argument("--capture_sentences", type=int, default=16)
+  parser.add_argument("--calibrate", metavar="FILE.json",
+                      help="first run equarx_pass.calibrate on every other batch (the 2nd, "
+                           "4th, ...) and write FILE.json, for --equarx_calibration=FILE.json")
   direct, rest = split_scheme_flags(argv)
   args = parser.parse_args(rest)
   try:
@@ -482,6 +488,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not args.json:
       print(f"wrote the inputs of {2 * config.layers} all-reduce sites for "
             f"{min(len(sentences), args.capture_sentences)} sentences to {args.capture}")
+
+  if args.calibrate:
+    calib = equarx_pass.calibrate(forward, [(params, b.ids, b.mask) for b in batches[1::2]],
+                                  path=args.calibrate)
+    if not args.json:
+      print(f"calibrated {len(calib.sites)} all-reduce sites on {calib.batches} batches; "
+            f"wrote {args.calibrate}")
 
   unquantized = embed(jax.jit(forward), params, batches, len(sentences))
   if not args.json:
