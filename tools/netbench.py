@@ -364,7 +364,9 @@ def summary(agg: list[dict]) -> list[str]:
               + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_native']:.2f}x" for r in big))
     t = threshold(agg, scheme)
     lines.append(f"{label(scheme)}: faster than native at every shaped rate and dtype from "
-                 f"{benchlib.fmt_bytes(t) if t else 'no measured size'} up")
+                 f"{benchlib.fmt_bytes(t)} up" if t else
+                 f"{label(scheme)}: at no measured size faster than native at every shaped "
+                 f"rate and dtype")
   return lines
 
 
