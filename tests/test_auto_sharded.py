@@ -197,3 +197,21 @@ def test_other_meshes(order):
   for s in got.addressable_shards:
     by_index.setdefault(str(s.index), set()).add(np.asarray(s.data).tobytes())
   assert all(len(v) == 1 for v in by_index.values())
+
+
+def test_auto_falls_back_to_plain_jit_with_the_reason(monkeypatch):
+  # When the partitioned route cannot take a program, `auto` runs it as plain
+  # jax.jit (same bits) and the report says why; `on` raises instead.
+  def refuse(lowered, policy):
+    raise partitioned.NotPartitionable("a reason the route gives")
+  monkeypatch.setattr(partitioned, "rewrite_partitioned", refuse)
+  args = mlp_inputs()
+  fn = equarx_pass.jit(mlp, flags=ON)
+  got = fn(*args)
+  [low] = fn.report.lowerings
+  assert low.route != "partitioned" and low.note == "a reason the route gives"
+  assert low.records == ()
+  assert np.asarray(got).tobytes() == np.asarray(jax.jit(mlp)(*args)).tobytes()
+  strict = equarx_pass.jit(mlp, flags=ON + " --equarx_partitioned=on")
+  with pytest.raises(equarx_pass.RewriteError, match="a reason the route gives"):
+    strict(*args)
