@@ -201,6 +201,8 @@ def run_rate(net, rate, cfg, outdir) -> list[dict]:
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
              PYTHONPATH=benchlib.ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
   env.pop("XLA_FLAGS", None)   # one CPU device per process
+  if cfg.get("xla_flags"):
+    env["XLA_FLAGS"] = cfg["xla_flags"]
   rate_bps = netns.parse_rate(rate) if rate != "none" else 10 ** 10
   budget = cfg["budget"][rate]
   procs, files = [], []
@@ -417,6 +419,8 @@ def main() -> int:
   ap.add_argument("--quick", action="store_true", help="few sizes, 3 repeats")
   ap.add_argument("--keep-raw", action="store_true",
                   help="also write every host's own rows to OUT.raw.json")
+  ap.add_argument("--xla-flags", default="",
+                  help="XLA_FLAGS for the host processes (e.g. XLA:CPU scheduler options)")
   ap.add_argument("--no-slow-start-after-idle", action="store_true",
                   help="set net.ipv4.tcp_slow_start_after_idle=0 in every host namespace")
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "netbench.json"))
@@ -472,7 +476,7 @@ def main() -> int:
                      slow_start_after_idle=not args.no_slow_start_after_idle) as net:
     for rate in args.rates:
       rsizes, est = plan[rate]
-      cfg = {"budget": {rate: 3 * est + 60},
+      cfg = {"budget": {rate: 3 * est + 60}, "xla_flags": args.xla_flags,
              "worker": dict(sizes=rsizes, dtypes=args.dtypes, schemes=ok,
                             repeats=args.repeats, warmup=args.warmup)}
       print(f"--- {rate}: sizes {[benchlib.fmt_bytes(s) for s in rsizes]}, "
@@ -488,6 +492,7 @@ def main() -> int:
   result = dict(machine=benchlib.machine_info(), procs=args.procs, rates=args.rates,
                 repeats=args.repeats, warmup=args.warmup, seconds=elapsed,
                 tcp_slow_start_after_idle=0 if args.no_slow_start_after_idle else 1,
+                xla_flags=args.xla_flags,
                 unavailable=missing, summary=lines, results=agg,
                 pivot_markdown=pivot_markdown(agg),
                 command=" ".join(sys.argv))
