@@ -40,6 +40,10 @@ from equarx_pass import scheme as scheme_lib
 # stablehlo ChannelHandle type 1 = DEVICE_TO_DEVICE, what JAX gives ppermute.
 DEVICE_TO_DEVICE = 1
 
+# Two-shot sums the N received rows in straight-line code up to this group size
+# (one fused kernel on XLA:CPU), in a while loop above it (module size).
+TWO_SHOT_UNROLL = 16
+
 
 class ChannelAllocator:
   """Hands out channel handles above every handle already in the module."""
@@ -224,15 +228,15 @@ class _Emitter:
     for h, radix in rotation.passes(size):
       rows = m // (radix * h)
       group = self.reshape(x, (rows, radix, h))
-      part = [self.slice(group, (0, i, 0), (rows, i + 1, h)) for i in range(radix)]
-      if radix == 2:
-        outs = [hlo.AddOp(part[0], part[1]).result, hlo.SubtractOp(part[0], part[1]).result]
-      else:
-        a, b, c, d = part
-        s1, d1 = hlo.AddOp(a, b).result, hlo.SubtractOp(a, b).result
-        s2, d2 = hlo.AddOp(c, d).result, hlo.SubtractOp(c, d).result
-        outs = [hlo.AddOp(s1, s2).result, hlo.AddOp(d1, d2).result,
-                hlo.SubtractOp(s1, s2).result, hlo.SubtractOp(d1, d2).result]
+      outs = [self.slice(group, (0, i, 0), (rows, i + 1, h)) for i in range(radix)]
+      stride = 1
+      while stride < radix:        # stage stride * h: pairs (i, i + stride), bit of stride clear
+        new = list(outs)
+        for i in range(radix):
+          if not i & stride:
+            new[i] = hlo.AddOp(outs[i], outs[i + stride]).result
+            new[i + stride] = hlo.SubtractOp(outs[i], outs[i + stride]).result
+        outs, stride = new, 2 * stride
       x = self.reshape(self.concat(outs, 1), (m,))
     return x
 
@@ -430,11 +434,24 @@ def _emit_two_shot(em, coll, chunks, layout, fmt, rotation_size) -> ir.Value:
   """all_to_all -> f32 sum in group order -> quantize once -> all_gather; f32 [N, C]."""
   n, c, block = layout.group_size, layout.chunk, layout.block
   received = coll.all_to_all(em.quantize_rows(chunks, block, fmt))   # row j: from rank j
+  if n <= TWO_SHOT_UNROLL:
+    # Straight-line sum over the N dequantized rows: XLA:CPU fuses it into the next
+    # kernel (a loop costs ~4 kernels).  The model starts from fma(q_0, s_0, +0), i.e.
+    # the product with -0 made +0 (XLA would fold an add of zero away); that start is a
+    # select, not a multiply, so XLA can contract each add one way only:
+    # fma(q_j, s_j, acc), as in the model.
+    values = em.dequantize_rows(received, c, block, fmt)
+    rows = [em.slice(values, (j, 0), (j + 1, c)) for j in range(n)]
+    zero = em.splat(0, (1, c), em.f32)
+    is_zero = hlo.CompareOp(rows[0], zero, hlo.ComparisonDirectionAttr.get("EQ")).result
+    acc = hlo.SelectOp(is_zero, zero, rows[0]).result
+    for row in rows[1:]:
+      acc = hlo.AddOp(acc, row).result
+  else:
+    def sum_step(j, acc, received_):
+      row = em.dynamic_rows(received_, j, 0, 1, _shape(received_)[1])
+      return [hlo.AddOp(acc, em.dequantize_rows(row, c, block, fmt)).result, received_]
 
-  def sum_step(j, acc, received_):
-    row = em.dynamic_rows(received_, j, 0, 1, _shape(received_)[1])
-    return [hlo.AddOp(acc, em.dequantize_rows(row, c, block, fmt)).result, received_]
-
-  acc, _ = _while([em.splat(0, (1, c), em.f32), received], n, sum_step)
+    acc, _ = _while([em.splat(0, (1, c), em.f32), received], n, sum_step)
   gathered = coll.all_gather(em.quantize_rows(acc, block, fmt))      # row j: rank j's sum
   return em.dequantize_rows(gathered, c, block, fmt, rotation_size)

@@ -40,12 +40,20 @@ def stages(size: int) -> list[int]:
   return [1 << k for k in range(size.bit_length() - 1)]
 
 
-def passes(size: int) -> list[tuple[int, int]]:
-  """How build.py groups the stages: (h, radix) pairs; radix 4 = stages h and 2h in one pass."""
+PASS_STAGES = 3
+
+
+def passes(size: int, per_pass: int = 0) -> list[tuple[int, int]]:
+  """How build.py groups the stages: (h, radix) pairs, radix 2^k = stages h .. 2^(k-1) h
+  in one pass; at most `per_pass` (default PASS_STAGES) stages a pass, spread evenly."""
   hs = stages(size)
-  grouped = [(hs[i], 4) for i in range(0, len(hs) - 1, 2)]
-  if len(hs) % 2:
-    grouped.append((hs[-1], 2))
+  per_pass = per_pass or PASS_STAGES
+  count = -(-len(hs) // per_pass)
+  grouped, i = [], 0
+  for p in range(count):
+    k = -(-(len(hs) - i) // (count - p))
+    grouped.append((hs[i], 1 << k))
+    i += k
   return grouped
 
 
