@@ -40,10 +40,6 @@ from equarx_pass import scheme as scheme_lib
 # stablehlo ChannelHandle type 1 = DEVICE_TO_DEVICE, what JAX gives ppermute.
 DEVICE_TO_DEVICE = 1
 
-# Two-shot sums the N received rows in straight-line code up to this group size
-# (one fused kernel on XLA:CPU), in a while loop above it (module size).
-TWO_SHOT_UNROLL = 16
-
 
 class ChannelAllocator:
   """Hands out channel handles above every handle already in the module."""
@@ -217,28 +213,44 @@ class _Emitter:
     return self.reshape(pairs, (rows, 2 * half))
 
   def butterflies(self, x, size: int) -> ir.Value:
-    """rotation.butterflies on a flat f32 vector, two stages per pass where it can.
+    """rotation.butterflies on a flat f32 vector: the constant-geometry (Pease) form.
 
-    Stages h and 2h together are a 4-point butterfly over a, b, c, d (stride h):
-    (a+b)+(c+d), (a-b)+(c-d), (a+b)-(c+d), (a-b)-(c-d): the same adds in the same
-    order as two separate stages, so the same bits, but one pass over memory
-    instead of two (on XLA:CPU a stage costs a full pass; radix 4 is ~1.4x faster).
+    One pass takes the stages of index bits 0 and 1 of each block: a, b, c, d at
+    positions 4i..4i+3 give (a+b)+(c+d), (a-b)+(c-d), (a+b)-(c+d), (a-b)-(c-d), the
+    model's adds in the model's order (so the same bits), written to positions
+    i, i + size/4, i + size/2, i + 3 size/4.  That rotates the index bits by two, so
+    the next pass finds the next two stages' pairs at the same places: every pass is
+    the same, and log4(size) passes run as one `while` loop (an odd last stage is one
+    radix-2 pass after it).  The module and XLA:CPU's kernels stay the size of one
+    pass whatever the rotation size (unrolled, 5 + 5 passes of H_1024 were half of a
+    site's compile time).
     """
     (m,) = _shape(x)
-    for h, radix in rotation.passes(size):
-      rows = m // (radix * h)
-      group = self.reshape(x, (rows, radix, h))
-      outs = [self.slice(group, (0, i, 0), (rows, i + 1, h)) for i in range(radix)]
+    blocks, k = m // size, size.bit_length() - 1
+
+    def one_pass(y, radix):
+      q = size // radix
+      group = self.reshape(y, (blocks, q, radix))
+      outs = [self.reshape(self.slice(group, (0, 0, j), (blocks, q, j + 1)), (blocks, 1, q))
+              for j in range(radix)]
       stride = 1
-      while stride < radix:        # stage stride * h: pairs (i, i + stride), bit of stride clear
+      while stride < radix:        # the stage of bit `stride`: pairs (j, j + stride)
         new = list(outs)
-        for i in range(radix):
-          if not i & stride:
-            new[i] = hlo.AddOp(outs[i], outs[i + stride]).result
-            new[i + stride] = hlo.SubtractOp(outs[i], outs[i + stride]).result
+        for j in range(radix):
+          if not j & stride:
+            new[j] = hlo.AddOp(outs[j], outs[j + stride]).result
+            new[j + stride] = hlo.SubtractOp(outs[j], outs[j + stride]).result
         outs, stride = new, 2 * stride
-      x = self.reshape(self.concat(outs, 1), (m,))
-    return x
+      return self.reshape(self.concat(outs, 1), (blocks, size))
+
+    y = self.reshape(x, (blocks, size))
+    if k // 2 == 1:
+      y = one_pass(y, 4)
+    elif k // 2:
+      y = _while([y], k // 2, lambda step, y_: [one_pass(y_, 4)])[0]
+    if k % 2:
+      y = one_pass(y, 2)
+    return self.reshape(y, (m,))
 
   def hadamard(self, x, size: int) -> ir.Value:
     """rotation.hadamard on a flat f32 vector: the exact 1/size scale, then the stages."""
@@ -434,24 +446,11 @@ def _emit_two_shot(em, coll, chunks, layout, fmt, rotation_size) -> ir.Value:
   """all_to_all -> f32 sum in group order -> quantize once -> all_gather; f32 [N, C]."""
   n, c, block = layout.group_size, layout.chunk, layout.block
   received = coll.all_to_all(em.quantize_rows(chunks, block, fmt))   # row j: from rank j
-  if n <= TWO_SHOT_UNROLL:
-    # Straight-line sum over the N dequantized rows: XLA:CPU fuses it into the next
-    # kernel (a loop costs ~4 kernels).  The model starts from fma(q_0, s_0, +0), i.e.
-    # the product with -0 made +0 (XLA would fold an add of zero away); that start is a
-    # select, not a multiply, so XLA can contract each add one way only:
-    # fma(q_j, s_j, acc), as in the model.
-    values = em.dequantize_rows(received, c, block, fmt)
-    rows = [em.slice(values, (j, 0), (j + 1, c)) for j in range(n)]
-    zero = em.splat(0, (1, c), em.f32)
-    is_zero = hlo.CompareOp(rows[0], zero, hlo.ComparisonDirectionAttr.get("EQ")).result
-    acc = hlo.SelectOp(is_zero, zero, rows[0]).result
-    for row in rows[1:]:
-      acc = hlo.AddOp(acc, row).result
-  else:
-    def sum_step(j, acc, received_):
-      row = em.dynamic_rows(received_, j, 0, 1, _shape(received_)[1])
-      return [hlo.AddOp(acc, em.dequantize_rows(row, c, block, fmt)).result, received_]
 
-    acc, _ = _while([em.splat(0, (1, c), em.f32), received], n, sum_step)
+  def sum_step(j, acc, received_):
+    row = em.dynamic_rows(received_, j, 0, 1, _shape(received_)[1])
+    return [hlo.AddOp(acc, em.dequantize_rows(row, c, block, fmt)).result, received_]
+
+  acc, _ = _while([em.splat(0, (1, c), em.f32), received], n, sum_step)
   gathered = coll.all_gather(em.quantize_rows(acc, block, fmt))      # row j: rank j's sum
   return em.dequantize_rows(gathered, c, block, fmt, rotation_size)

@@ -40,23 +40,6 @@ def stages(size: int) -> list[int]:
   return [1 << k for k in range(size.bit_length() - 1)]
 
 
-PASS_STAGES = 3
-
-
-def passes(size: int, per_pass: int = 0) -> list[tuple[int, int]]:
-  """How build.py groups the stages: (h, radix) pairs, radix 2^k = stages h .. 2^(k-1) h
-  in one pass; at most `per_pass` (default PASS_STAGES) stages a pass, spread evenly."""
-  hs = stages(size)
-  per_pass = per_pass or PASS_STAGES
-  count = -(-len(hs) // per_pass)
-  grouped, i = [], 0
-  for p in range(count):
-    k = -(-(len(hs) - i) // (count - p))
-    grouped.append((hs[i], 1 << k))
-    i += k
-  return grouped
-
-
 def butterflies(x: np.ndarray, size: int) -> np.ndarray:
   """sqrt(size) * H_size on each consecutive block of `size` values (no normalisation)."""
   x = np.asarray(x, np.float32).reshape(-1)
