@@ -213,28 +213,44 @@ class _Emitter:
     return self.reshape(pairs, (rows, 2 * half))
 
   def butterflies(self, x, size: int) -> ir.Value:
-    """rotation.butterflies on a flat f32 vector, two stages per pass where it can.
+    """rotation.butterflies on a flat f32 vector: the constant-geometry (Pease) form.
 
-    Stages h and 2h together are a 4-point butterfly over a, b, c, d (stride h):
-    (a+b)+(c+d), (a-b)+(c-d), (a+b)-(c+d), (a-b)-(c-d): the same adds in the same
-    order as two separate stages, so the same bits, but one pass over memory
-    instead of two (on XLA:CPU a stage costs a full pass; radix 4 is ~1.4x faster).
+    One pass takes the stages of index bits 0 and 1 of each block: a, b, c, d at
+    positions 4i..4i+3 give (a+b)+(c+d), (a-b)+(c-d), (a+b)-(c+d), (a-b)-(c-d), the
+    model's adds in the model's order (so the same bits), written to positions
+    i, i + size/4, i + size/2, i + 3 size/4.  That rotates the index bits by two, so
+    the next pass finds the next two stages' pairs at the same places: every pass is
+    the same, and log4(size) passes run as one `while` loop (an odd last stage is one
+    radix-2 pass after it).  The module and XLA:CPU's kernels stay the size of one
+    pass whatever the rotation size (unrolled, 5 + 5 passes of H_1024 were half of a
+    site's compile time).
     """
     (m,) = _shape(x)
-    for h, radix in rotation.passes(size):
-      rows = m // (radix * h)
-      group = self.reshape(x, (rows, radix, h))
-      part = [self.slice(group, (0, i, 0), (rows, i + 1, h)) for i in range(radix)]
-      if radix == 2:
-        outs = [hlo.AddOp(part[0], part[1]).result, hlo.SubtractOp(part[0], part[1]).result]
-      else:
-        a, b, c, d = part
-        s1, d1 = hlo.AddOp(a, b).result, hlo.SubtractOp(a, b).result
-        s2, d2 = hlo.AddOp(c, d).result, hlo.SubtractOp(c, d).result
-        outs = [hlo.AddOp(s1, s2).result, hlo.AddOp(d1, d2).result,
-                hlo.SubtractOp(s1, s2).result, hlo.SubtractOp(d1, d2).result]
-      x = self.reshape(self.concat(outs, 1), (m,))
-    return x
+    blocks, k = m // size, size.bit_length() - 1
+
+    def one_pass(y, radix):
+      q = size // radix
+      group = self.reshape(y, (blocks, q, radix))
+      outs = [self.reshape(self.slice(group, (0, 0, j), (blocks, q, j + 1)), (blocks, 1, q))
+              for j in range(radix)]
+      stride = 1
+      while stride < radix:        # the stage of bit `stride`: pairs (j, j + stride)
+        new = list(outs)
+        for j in range(radix):
+          if not j & stride:
+            new[j] = hlo.AddOp(outs[j], outs[j + stride]).result
+            new[j + stride] = hlo.SubtractOp(outs[j], outs[j + stride]).result
+        outs, stride = new, 2 * stride
+      return self.reshape(self.concat(outs, 1), (blocks, size))
+
+    y = self.reshape(x, (blocks, size))
+    if k // 2 == 1:
+      y = one_pass(y, 4)
+    elif k // 2:
+      y = _while([y], k // 2, lambda step, y_: [one_pass(y_, 4)])[0]
+    if k % 2:
+      y = one_pass(y, 2)
+    return self.reshape(y, (m,))
 
   def hadamard(self, x, size: int) -> ir.Value:
     """rotation.hadamard on a flat f32 vector: the exact 1/size scale, then the stages."""

@@ -40,15 +40,6 @@ def stages(size: int) -> list[int]:
   return [1 << k for k in range(size.bit_length() - 1)]
 
 
-def passes(size: int) -> list[tuple[int, int]]:
-  """How build.py groups the stages: (h, radix) pairs; radix 4 = stages h and 2h in one pass."""
-  hs = stages(size)
-  grouped = [(hs[i], 4) for i in range(0, len(hs) - 1, 2)]
-  if len(hs) % 2:
-    grouped.append((hs[-1], 2))
-  return grouped
-
-
 def butterflies(x: np.ndarray, size: int) -> np.ndarray:
   """sqrt(size) * H_size on each consecutive block of `size` values (no normalisation)."""
   x = np.asarray(x, np.float32).reshape(-1)
