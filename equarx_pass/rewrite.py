@@ -111,17 +111,23 @@ def rewrite_module(module: ir.Module, policy: Policy) -> RewriteResult:
 
 
 def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Policy) -> None:
-  op = cand.op
   plan = build.RingPlan(cand.layout, cand.schedule, cand.site.device_kind,
                         cand.site.num_devices, policy.scheme)
+  _emit_in_place(cand, lambda operands: build.emit_allreduce(operands, plan, channels),
+                 "the quantized ring", "rerun without --equarx_enable or exclude it with "
+                 "--equarx_max_bytes/--equarx_dtypes")
+
+
+def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str) -> None:
+  """Emit the replacement at the all-reduce, rewire its uses, erase it."""
+  op = cand.op
   try:
     with op.location, ir.InsertionPoint(op):
-      new_values = build.emit_allreduce(list(op.operands), plan, channels)
+      new_values = emit(list(op.operands))
   except Exception as e:
     raise RewriteError(
-        f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit the "
-        f"quantized ring ({type(e).__name__}: {e}); rerun without --equarx_enable "
-        f"or exclude it with --equarx_max_bytes/--equarx_dtypes") from e
+        f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit "
+        f"{what} ({type(e).__name__}: {e}); {advice}") from e
   for old, new in zip(op.results, new_values):
     old.replace_all_uses_with(new)
   op.erase()
@@ -184,17 +190,8 @@ def _calibrated_plan(cand: match.Candidate, entry: calibration.SiteCalibration,
 
 def _replace_calibrated(cand: match.Candidate, channels: build.ChannelAllocator,
                         plan: build.CalibratedPlan) -> None:
-  op = cand.op
-  try:
-    with op.location, ir.InsertionPoint(op):
-      new_values = build.emit_calibrated_allreduce(list(op.operands), plan, channels)
-  except Exception as e:
-    raise RewriteError(
-        f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit the "
-        f"calibrated scheme ({type(e).__name__}: {e}); rerun without --equarx_calibration") from e
-  for old, new in zip(op.results, new_values):
-    old.replace_all_uses_with(new)
-  op.erase()
+  _emit_in_place(cand, lambda operands: build.emit_calibrated_allreduce(operands, plan, channels),
+                 "the calibrated scheme", "rerun without --equarx_calibration")
 
 
 def verify(module: ir.Module) -> None:
