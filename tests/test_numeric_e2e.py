@@ -24,6 +24,7 @@ from jax.sharding import PartitionSpec as P
 import equarx_pass
 from equarx_pass import _jax_private, parse, ring
 from equarx_pass.policy import Policy
+from bitwise import assert_same_bits, bits
 from meshes import ring_groups
 
 # These tests pin the int8 ring against ring.reference_allreduce; the default
@@ -51,23 +52,6 @@ def flags(block: int, extra: str = "") -> str:
 
 
 # --- helpers --------------------------------------------------------------------
-
-def bits(a: np.ndarray) -> np.ndarray:
-  a = np.ascontiguousarray(a)
-  return a.view({4: np.uint32, 2: np.uint16}[a.dtype.itemsize])
-
-
-def assert_same_bits(got, want, what=""):
-  """Bit equality; NaNs match any NaN (XLA and NumPy may pick different NaN payloads)."""
-  got, want = np.asarray(got), np.asarray(want)
-  assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, got.shape, want.shape)
-  nan = np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32))
-  same = (bits(got) == bits(want)) | nan
-  if not same.all():
-    i = np.unravel_index(np.flatnonzero(~same)[0], got.shape)
-    raise AssertionError(f"{what}: {np.count_nonzero(~same)} values differ; first at {i}: "
-                         f"got {got[i]!r}, want {want[i]!r}")
-
 
 def model(x: np.ndarray, groups, block: int) -> np.ndarray:
   """What every position of the global output must hold: the model, group by group."""

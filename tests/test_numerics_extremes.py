@@ -32,6 +32,7 @@ import equarx_pass
 from equarx_pass import policy as policy_lib
 from equarx_pass import rotation
 from equarx_pass import scheme as scheme_lib
+from bitwise import assert_same_bits
 from meshes import ring_groups
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -103,22 +104,6 @@ def run(layout, axes, scheme_flags, x):
 
 
 # --- checks -------------------------------------------------------------------
-
-def bits(a: np.ndarray) -> np.ndarray:
-  a = np.ascontiguousarray(a)
-  return a.view({4: np.uint32, 2: np.uint16}[a.dtype.itemsize])
-
-
-def assert_same_bits(got, want, what=""):
-  got, want = np.asarray(got), np.asarray(want)
-  assert got.dtype == want.dtype and got.shape == want.shape
-  nan = np.isnan(got.astype(np.float32)) & np.isnan(want.astype(np.float32))
-  same = (bits(got) == bits(want)) | nan
-  if not same.all():
-    i = np.unravel_index(np.flatnonzero(~same)[0], got.shape)
-    raise AssertionError(f"{what}: {np.count_nonzero(~same)} of {same.size} values differ; "
-                         f"first at {i}: got {got[i]!r}, want {want[i]!r}")
-
 
 def loose_bound(inputs, scheme) -> float:
   """A generous bound on |result - sum| for finite results: catches garbage only.
