@@ -95,6 +95,15 @@ def tp_attention():
   return f.lower(spec((TOKENS, HIDDEN)), w, w, w, spec((HEADS * HEAD_DIM, HIDDEN)))
 
 
+def lower_layer_stack(stack):
+  """Lower stack(x, w_up[LAYERS], w_down[LAYERS]) as a shard_map over the 1-D tp mesh."""
+  f = jax.jit(jax.shard_map(stack, mesh=mesh_1d(),
+                            in_specs=(P(), P(None, None, "tp"), P(None, "tp", None)),
+                            out_specs=P()))
+  return f.lower(spec((TOKENS, HIDDEN)), spec((LAYERS, HIDDEN, FFN)),
+                 spec((LAYERS, FFN, HIDDEN)))
+
+
 def scan_layers():
   """A stack of TP MLP layers under lax.scan, which lowers its body to a private function
   (@closed_call) that the stablehlo.while body calls; the psum is in that function."""
@@ -106,12 +115,7 @@ def scan_layers():
     y, _ = jax.lax.scan(layer, x, (w_up, w_down))
     return y
 
-  mesh = mesh_1d()
-  f = jax.jit(jax.shard_map(stack, mesh=mesh,
-                            in_specs=(P(), P(None, None, "tp"), P(None, "tp", None)),
-                            out_specs=P()))
-  return f.lower(spec((TOKENS, HIDDEN)), spec((LAYERS, HIDDEN, FFN)),
-                 spec((LAYERS, FFN, HIDDEN)))
+  return lower_layer_stack(stack)
 
 
 def while_layers():
@@ -123,12 +127,7 @@ def while_layers():
       return i + 1, y + mlp(y, w_up[i], w_down[i])
     return jax.lax.while_loop(lambda carry: carry[0] < LAYERS, body, (0, x))[1]
 
-  mesh = mesh_1d()
-  f = jax.jit(jax.shard_map(stack, mesh=mesh,
-                            in_specs=(P(), P(None, None, "tp"), P(None, "tp", None)),
-                            out_specs=P()))
-  return f.lower(spec((TOKENS, HIDDEN)), spec((LAYERS, HIDDEN, FFN)),
-                 spec((LAYERS, FFN, HIDDEN)))
+  return lower_layer_stack(stack)
 
 
 def pmap_psum():
