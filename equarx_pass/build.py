@@ -384,11 +384,17 @@ def emit_ring_step(payload: ir.Value, local: ir.Value, block: int,
 
 def _rank(em, plan, coll) -> ir.Value:
   """This device's position in its group, an i32 scalar."""
+  (rank,) = _per_device(em, coll, [plan.schedule.rank_table(plan.num_devices)])
+  return rank
+
+
+def _per_device(em, coll, tables) -> list[ir.Value]:
+  """Each table's entry for this device (partition or replica id), as i32 scalars."""
   device = (hlo.PartitionIdOp() if coll.partition else hlo.ReplicaIdOp()).result
   device = em.reshape(em.convert(device, em.i32), (1,))
-  table = em.const(plan.schedule.rank_table(plan.num_devices), em.i32)
-  return em.reshape(hlo.DynamicSliceOp(table, [em.reshape(device, ())], [1],
-                                       results=[_tensor((1,), em.i32)]).result, ())
+  return [em.reshape(hlo.DynamicSliceOp(em.const(table, em.i32), [em.reshape(device, ())], [1],
+                                        results=[_tensor((1,), em.i32)]).result, ())
+          for table in tables]
 
 
 def _emit_ring(em, coll, chunks, rank, layout, scheme, rotation_size) -> ir.Value:
@@ -547,14 +553,8 @@ def emit_calibrated_allreduce(operands: list[ir.Value], plan: CalibratedPlan,
   x = _take_columns(em, x, lay.permutation)
 
   # This device's group and rank pick its rows of the scale tables.
-  device = (hlo.PartitionIdOp() if coll.partition else hlo.ReplicaIdOp()).result
-  device = em.reshape(em.convert(device, em.i32), (1,))
-
-  def lookup(table):
-    return em.reshape(hlo.DynamicSliceOp(em.const(table, em.i32), [em.reshape(device, ())], [1],
-                                         results=[_tensor((1,), em.i32)]).result, ())
-  group = lookup(plan.group_table())
-  rank = lookup(plan.schedule.rank_table(plan.num_devices))
+  group, rank = _per_device(em, coll, [plan.group_table(),
+                                       plan.schedule.rank_table(plan.num_devices)])
   zero = em.i32_scalar(0)
   in_scale = em.reshape(hlo.DynamicSliceOp(
       em.const(plan.in_scale, em.f32), [group, zero, zero], [1, n, hn],
