@@ -39,14 +39,19 @@ def lowered_with_module(lowered, module: ir.Module):
   executable, and mutating it would silently run the old program.
   """
   from jax import stages
-  old = lowered._lowering
-  new = copy.copy(old)
-  new._hlo = module
-  new._executable = None
-  new.compile_args = dict(old.compile_args)
+  new = _lowering_copy(lowered, module, dict(lowered._lowering.compile_args))
   return stages.Lowered(new, lowered.args_info, lowered.out_tree,
                         no_kwargs=lowered._no_kwargs, in_types=lowered._in_types,
                         out_types=lowered._out_types)
+
+
+def _lowering_copy(lowered, module: ir.Module, compile_args: dict):
+  """A copy of lowered's pxla.MeshComputation with `module` and no executable yet."""
+  new = copy.copy(lowered._lowering)
+  new._hlo = module
+  new._executable = None
+  new.compile_args = compile_args
+  return new
 
 
 def device_list(devices):
@@ -83,16 +88,12 @@ def lowered_with_extra_outputs(lowered, module: ir.Module, extra_shapes):
   import numpy as np
   from jax import stages
   from jax._src import sharding_impls
-  old = lowered._lowering
-  new = copy.copy(old)
-  new._hlo = module
-  new._executable = None
-  args = dict(old.compile_args)
+  args = dict(lowered._lowering.compile_args)
   extra = [jax.core.ShapedArray(tuple(shape), np.float32) for shape in extra_shapes]
   args["global_out_avals"] = list(args["global_out_avals"]) + extra
   args["out_shardings"] = list(args["out_shardings"]) + [sharding_impls.UNSPECIFIED] * len(extra)
   args["out_layouts"] = list(args["out_layouts"]) + [None] * len(extra)
-  new.compile_args = args
+  new = _lowering_copy(lowered, module, args)
   original = jax.tree_util.tree_unflatten(lowered.out_tree, [0] * lowered.out_tree.num_leaves)
   out_tree = jax.tree_util.tree_structure((original, (0,) * len(extra)))
   return stages.Lowered(new, lowered.args_info, out_tree, no_kwargs=lowered._no_kwargs,
