@@ -59,6 +59,15 @@ def _mesh_from_attr(attr: ir.Attribute) -> Mesh:
   return Mesh(names, sizes, tuple(int(i) for i in ids) if ids else tuple(range(count)))
 
 
+def find_function(module: ir.Module, name: str) -> ir.Operation | None:
+  """The top-level func.func @name of `module`, or None."""
+  for op in module.body.operations:
+    op = op.operation
+    if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+      return op
+  return None
+
+
 def module_facts(module: ir.Module) -> ModuleFacts:
   attrs = module.operation.attributes
 

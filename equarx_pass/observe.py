@@ -48,14 +48,6 @@ class _Observed:
   output: int = -1                   # index among main's extra results
 
 
-def _main(module: ir.Module) -> ir.Operation | None:
-  for op in module.body.operations:
-    op = op.operation
-    if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
-      return op
-  return None
-
-
 def _observability(op: ir.Operation, main: ir.Operation, facts: match.ModuleFacts):
   """(manual computation, mesh) holding the all-reduce, or the reason it cannot be observed."""
   if len(op.operands) != 1:
@@ -183,7 +175,7 @@ def observation_module(module: ir.Module, policy: Policy):
   from equarx_pass.rewrite import copy_module
   out = copy_module(module)
   facts = match.module_facts(out)
-  main = _main(out)
+  main = match.find_function(out, "main")
   observed: list[_Observed] = []
   unobserved = []
   with out.context, ir.Location.unknown():

@@ -177,14 +177,15 @@ def _rebuild(original: ir.Module, per_device: ir.Module, mesh_name: str, mesh: m
   module = copy_module(original)
   ctx = module.context
   with ctx, ir.Location.unknown(ctx):
-    main = _main(module)
+    main = _function(module, "main", "the lowered module has no main function")
     # Everything but main and the mesh goes: main's new body calls only the
     # per-device program.
     for op in list(module.body.operations):
       if op.operation.name == "func.func" and op.operation != main.operation:
         op.operation.erase()
     _move_functions(per_device, module)
-    per_main = _lookup(module, PER_DEVICE_MAIN)
+    per_main = _function(module, PER_DEVICE_MAIN,
+                         f"no function @{PER_DEVICE_MAIN} after the move")
 
     arg_types = list(main.type.inputs)
     result_types = list(main.type.results)
@@ -222,20 +223,11 @@ def _rebuild(original: ir.Module, per_device: ir.Module, mesh_name: str, mesh: m
   return module
 
 
-def _main(module: ir.Module):
-  for op in module.body.operations:
-    if op.operation.name == "func.func" and \
-        ir.StringAttr(op.attributes["sym_name"]).value == "main":
-      return op
-  raise RewriteError("the lowered module has no main function")
-
-
-def _lookup(module: ir.Module, name: str):
-  for op in module.body.operations:
-    if op.operation.name == "func.func" and \
-        ir.StringAttr(op.attributes["sym_name"]).value == name:
-      return op
-  raise RewriteError(f"no function @{name} after the move")
+def _function(module: ir.Module, name: str, missing: str):
+  op = match.find_function(module, name)
+  if op is None:
+    raise RewriteError(missing)
+  return op.opview
 
 
 def _move_functions(source: ir.Module, target: ir.Module) -> None:

@@ -38,16 +38,14 @@ def step_program(jax, c: int, block: int, fmt):
   from jax.extend.mlir import ir
   from jax.extend.mlir.dialects import func
 
-  from equarx_pass import _jax_private, build
+  from equarx_pass import _jax_private, build, match
   p = fmt.code_bytes(c) + 4 * (c // block)
   payload_spec = jax.ShapeDtypeStruct((1, p), jnp.int8)
   local_spec = jax.ShapeDtypeStruct((1, c), jnp.float32)
   # Lower a function of the right signature, then replace its body with the step.
   lowered = jax.jit(lambda payload, local: payload, keep_unused=True).lower(payload_spec, local_spec)
   module = lowered.compiler_ir("stablehlo")
-  main = next(op for op in module.body.operations
-              if isinstance(op.opview, func.FuncOp) and op.opview.sym_name.value == "main")
-  block_ = main.opview.body.blocks[0]
+  block_ = match.find_function(module, "main").opview.body.blocks[0]
   for op in list(block_.operations):
     op.erase()
   with module.context, ir.Location.unknown(), ir.InsertionPoint(block_):
