@@ -139,17 +139,20 @@ class _Emitter:
     return hlo.BroadcastInDimOp(_tensor(shape, t.element_type), x, list(dims)).result
 
   # quantization: the ops of quantize.py, in its order
+  def magnitude(self, x) -> ir.Value:
+    """|x| of an f32 tensor, with NaN counted as +inf (quantize.py): a max kernel
+    may drop NaN, never an inf."""
+    is_nan = hlo.CompareOp(x, x, hlo.ComparisonDirectionAttr.get("NE")).result
+    return hlo.SelectOp(is_nan, self.splat(np.inf, _shape(x), self.f32),
+                        hlo.AbsOp(x).result).result
+
   def quantize_rows(self, x, block: int, fmt: qz.Format) -> ir.Value:
     """f32 [rows, s] -> int8 payload [rows, code bytes + 4 * blocks]: codes, then scale bytes."""
     rows, s = _shape(x)
     nb = s // block
     blocks = self.reshape(x, (rows * nb, block))
     # Qp1: block metadata.
-    # NaN counts as +inf (quantize.py): a max kernel may drop NaN, never an inf.
-    is_nan = hlo.CompareOp(blocks, blocks, hlo.ComparisonDirectionAttr.get("NE")).result
-    magnitude = hlo.SelectOp(is_nan, self.splat(np.inf, (rows * nb, block), self.f32),
-                             hlo.AbsOp(blocks).result).result
-    amax = _reduce_max(magnitude, self.splat(0, (), self.f32), self.f32)
+    amax = _reduce(self.magnitude(blocks), self.splat(0, (), self.f32), self.f32, 1, hlo.MaxOp)
     scale = hlo.MulOp(amax, self.splat(qz.inverse(fmt.qmax), (rows * nb,), self.f32)).result
     positive = hlo.CompareOp(scale, self.splat(0, (rows * nb,), self.f32),
                              hlo.ComparisonDirectionAttr.get("GT")).result
@@ -263,15 +266,34 @@ def _fp8_type(fmt: qz.Format) -> ir.Type:
   return {"float8_e4m3fn": ir.Float8E4M3FNType, "float8_e5m2": ir.Float8E5M2Type}[fmt.fp8].get()
 
 
-def _reduce_max(x, init, element_type) -> ir.Value:
-  """max over the last axis of a 2-D tensor."""
-  t = ir.RankedTensorType(x.type)
-  op = hlo.ReduceOp([_tensor(t.shape[:1], element_type)], [x], [init], [1])
+def _reduce(x, init, element_type, axis: int, combine) -> ir.Value:
+  """combine (hlo.MaxOp, hlo.AddOp, ...) over one axis of a 2-D tensor."""
+  shape = list(_shape(x))
+  del shape[axis]
+  op = hlo.ReduceOp([_tensor(shape, element_type)], [x], [init], [axis])
   scalar = _tensor((), element_type)
   block = op.body.blocks.append(scalar, scalar)
   with ir.InsertionPoint(block):
-    hlo.ReturnOp([hlo.MaxOp(block.arguments[0], block.arguments[1]).result])
+    hlo.ReturnOp([combine(block.arguments[0], block.arguments[1]).result])
   return op.result
+
+
+def emit_feature_stats(value: ir.Value) -> list[ir.Value]:
+  """Per feature (last dimension) of a tensor: [absmax, mean square], each f32 [1, H].
+
+  NaN counts as +inf in the absmax (as in quantize.py), so non-finite data shows
+  as an infinite range.  calibrate (observe.py) records these.
+  """
+  em = _Emitter()
+  shape = _shape(value)
+  features = shape[-1] if shape else 1
+  rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+  x = em.reshape(em.convert(value, em.f32), (rows, features))
+  zero = em.splat(0, (), em.f32)
+  absmax = _reduce(em.magnitude(x), zero, em.f32, 0, hlo.MaxOp)
+  square_sum = _reduce(hlo.MulOp(x, x).result, zero, em.f32, 0, hlo.AddOp)
+  mean_square = hlo.MulOp(square_sum, em.splat(1.0 / max(rows, 1), (features,), em.f32)).result
+  return [em.reshape(absmax, (1, features)), em.reshape(mean_square, (1, features))]
 
 
 def _while(init: list[ir.Value], trip_count: int, body_fn) -> list[ir.Value]:

@@ -29,7 +29,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func, sdy
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import _jax_private, calibration, match, outlier
+from equarx_pass import _jax_private, build, calibration, match, outlier
 from equarx_pass.errors import FlagError
 from equarx_pass.policy import Policy
 
@@ -71,62 +71,15 @@ def _observability(op: ir.Operation, main: ir.Operation, facts: match.ModuleFact
   return parent, mesh
 
 
-def _f32(x: ir.Value) -> ir.Value:
-  t = ir.RankedTensorType(x.type)
-  f32 = ir.F32Type.get()
-  if t.element_type == f32:
-    return x
-  return hlo.ConvertOp(ir.RankedTensorType.get(t.shape, f32), x).result
-
-
-def _reduce(x: ir.Value, kind) -> ir.Value:
-  """[M, H] f32 -> [H]: max or add over the rows."""
-  f32 = ir.F32Type.get()
-  (m, h) = ir.RankedTensorType(x.type).shape
-  init = hlo.ConstantOp(ir.DenseElementsAttr.get(np.array(0, np.float32))).result
-  op = hlo.ReduceOp([ir.RankedTensorType.get([h], f32)], [x], [init], [0])
-  scalar = ir.RankedTensorType.get([], f32)
-  block = op.body.blocks.append(scalar, scalar)
-  with ir.InsertionPoint(block):
-    hlo.ReturnOp([kind(block.arguments[0], block.arguments[1]).result])
-  return op.result
-
-
-def _feature_stats(value: ir.Value) -> list[ir.Value]:
-  """Per feature (last dimension) of a tensor: [absmax, mean square], each f32 [1, H].
-
-  NaN counts as +inf in the absmax (as in quantize.py), so non-finite data shows
-  as an infinite range and the site is not calibrated from it.
-  """
-  t = ir.RankedTensorType(value.type)
-  shape = list(t.shape)
-  features = shape[-1] if shape else 1
-  rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
-  f32 = ir.F32Type.get()
-  x = hlo.ReshapeOp(ir.RankedTensorType.get([rows, features], f32), _f32(value)).result
-  mat = ir.RankedTensorType.get([rows, features], f32)
-
-  def splat(v):
-    return hlo.ConstantOp(ir.DenseElementsAttr.get_splat(mat, ir.FloatAttr.get(f32, v))).result
-
-  is_nan = hlo.CompareOp(x, x, hlo.ComparisonDirectionAttr.get("NE")).result
-  magnitude = hlo.SelectOp(is_nan, splat(float("inf")), hlo.AbsOp(x).result).result
-  absmax = _reduce(magnitude, hlo.MaxOp)
-  square_sum = _reduce(hlo.MulOp(x, x).result, hlo.AddOp)
-  inv_rows = hlo.ConstantOp(ir.DenseElementsAttr.get_splat(
-      ir.RankedTensorType.get([features], f32), ir.FloatAttr.get(f32, 1.0 / max(rows, 1)))).result
-  mean_square = hlo.MulOp(square_sum, inv_rows).result
-  row = ir.RankedTensorType.get([1, features], f32)
-  return [hlo.ReshapeOp(row, absmax).result, hlo.ReshapeOp(row, mean_square).result]
-
-
 def _insert_stats(obs: _Observed, op: ir.Operation) -> None:
   """After the all-reduce: its operand's and result's statistics, f32 [1, 4, H]."""
   ops = list(op.block.operations)
   after = ops[[o.operation for o in ops].index(op) + 1]
   with ir.InsertionPoint(after):
-    in_max, in_ms = _feature_stats(op.operands[0])
-    out_max, out_ms = _feature_stats(op.results[0])
+    # NaN counts as +inf in the absmax: non-finite data shows as an infinite
+    # range, and the site is not calibrated from it.
+    in_max, in_ms = build.emit_feature_stats(op.operands[0])
+    out_max, out_ms = build.emit_feature_stats(op.results[0])
     stacked = hlo.ConcatenateOp([in_max, out_max, in_ms, out_ms], 0).result
     h = ir.RankedTensorType(stacked.type).shape[1]
     obs.stats = hlo.ReshapeOp(ir.RankedTensorType.get([1, STATS_ROWS, h], ir.F32Type.get()),
