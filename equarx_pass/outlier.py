@@ -122,10 +122,7 @@ def static_scales(ranges) -> tuple[np.ndarray, np.ndarray]:
   whose range is 0 has scale 0: it always comes back as 0.
   """
   scale = (np.asarray(ranges, np.float32) * qz.inverse(QMAX)).astype(np.float32)
-  safe = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
-  with np.errstate(divide="ignore", over="ignore"):
-    reciprocal = np.minimum((np.float32(1) / safe).astype(np.float32), qz.FLT_MAX)
-  return scale, reciprocal.astype(np.float32)
+  return scale, qz.reciprocal(scale)
 
 
 def quantize_static(x: np.ndarray, reciprocal: np.ndarray) -> np.ndarray:

@@ -90,16 +90,22 @@ def block_scales(x: np.ndarray, block_size: int, qmax=INT8_MAX) -> np.ndarray:
   return (amax * inverse(qmax)).astype(np.float32)
 
 
+def reciprocal(scale) -> np.ndarray:
+  """Qp2's multiplier, f32: min(1 / safe, FLT_MAX) with safe = scale where > 0, else 1
+  (a zero block divides by 1 and stays 0; a tiny scale cannot make 0 * inf)."""
+  scale = np.asarray(scale, np.float32)
+  with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+    safe = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
+    return np.minimum((np.float32(1) / safe).astype(np.float32), FLT_MAX).astype(np.float32)
+
+
 def _scaled(x: np.ndarray, block_size: int, fmt: Format):
   """Qp1 and the scale-and-clamp half of Qp2: (v f32 [..., blocks, B], scale)."""
   x = np.asarray(x, np.float32)
   scale = block_scales(x, block_size, fmt.qmax)
-  with np.errstate(invalid="ignore"):
-    safe = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
   blocks = x.reshape(scale.shape + (block_size,))
-  with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-    reciprocal = np.minimum((np.float32(1) / safe).astype(np.float32), FLT_MAX)
-    v = (blocks * reciprocal[..., None]).astype(np.float32)
+  with np.errstate(invalid="ignore", over="ignore"):
+    v = (blocks * reciprocal(scale)[..., None]).astype(np.float32)
     v = np.clip(v, np.float32(-fmt.qmax), np.float32(fmt.qmax))
   return v, scale
 
