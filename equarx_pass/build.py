@@ -60,6 +60,7 @@ class RingPlan:
   device_kind: str          # "partition" (collectives carry a channel) or "replica"
   num_devices: int
   scheme: scheme_lib.Scheme = scheme_lib.Scheme()
+  unrolled: bool = False    # ring schemes: reduce-scatter steps written out, not looped
 
 
 def _tensor(shape, element_type) -> ir.RankedTensorType:
@@ -326,6 +327,15 @@ def _while(init: list[ir.Value], trip_count: int, body_fn) -> list[ir.Value]:
   return list(op.results)[1:]
 
 
+def _unrolled(init: list[ir.Value], trip_count: int, body_fn) -> list[ir.Value]:
+  """_while's loop written out: body_fn(s, *carry) for s = 0 .. trip_count - 1."""
+  em = _Emitter()
+  carry = list(init)
+  for s in range(trip_count):
+    carry = body_fn(em.i32_scalar(s), *carry)
+  return carry
+
+
 class _Collectives:
   """The collectives of one site: fresh channel handles, the site's groups."""
 
@@ -407,7 +417,7 @@ def emit_allreduce(operands: list[ir.Value], plan: RingPlan,
     values = _emit_two_shot(em, coll, widen(chunks), layout, scheme.fmt, rotation_size)
   else:
     values = _emit_ring(em, coll, chunks, widen, _rank(em, plan, coll), layout, scheme,
-                        rotation_size)
+                        rotation_size, plan.unrolled)
 
   # values: f32 [N, C], the same bits on every rank of the group.
   flat = em.reshape(values, (n * c,))
@@ -448,10 +458,12 @@ def _per_device(em, coll, tables) -> list[ir.Value]:
           for table in tables]
 
 
-def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size) -> ir.Value:
+def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size,
+               unrolled) -> ir.Value:
   """Reduce-scatter and all-gather loops over the lanes; returns f32 [N, C].
 
   chunks: [N, C], f32 or the 16-bit pattern of narrower floats; widen(rows) makes f32.
+  unrolled: write the reduce-scatter steps out instead of looping (RingPlan.unrolled).
   """
   n, block, fmt = layout.group_size, layout.block, scheme.fmt
   lanes = scheme.lanes(layout)
@@ -473,7 +485,10 @@ def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size) -> 
 
   partials = [widen(em.dynamic_rows(chunks, rank_of[lane.direction], lane.offset, 1, lane.size))
               for lane in lanes]
-  carry = _while(partials + [chunks, rank, ccw_rank], n - 1, rs_step)
+  # A while loop must carry the chunks, and XLA copies all N of them into the loop's
+  # buffer on every call; written out, each step slices the operand where it lies.
+  loop = _unrolled if unrolled else _while
+  carry = loop(partials + [chunks, rank, ccw_rank], n - 1, rs_step)
   partials = carry[:k]
 
   # Final quantization, once; then the all-gather forwards bytes unchanged.

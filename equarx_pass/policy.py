@@ -43,6 +43,11 @@ class Policy:
   rotation: str = "hadamard"
   rotation_size: int = 0        # Hadamard block, a power of two (0: see Scheme)
   microshards: int = 1          # independent permutes per ring step
+  # Ring schemes: sites with at least this many operand bytes get their reduce-scatter
+  # steps written out.  A loop copies all N chunks on every call (about a third of the
+  # int8 ring's run time for 32 MiB of bf16 on XLA:CPU); written out, the module grows by
+  # N - 2 steps per site, which costs compile time (BUILD_NOTES, "Performance decisions").
+  unroll_min_bytes: int = 4 << 20
   block_layout: str = "fixed"   # "grid": the paper's 8 x 128 scales per chunk
   report: bool = False          # print the site table after each rewrite
   compile_for: str = ""         # e.g. "tpu:v5e:2x2": also compile for that topology
@@ -54,6 +59,8 @@ class Policy:
   def __post_init__(self):
     if self.min_bytes < 0:
       raise FlagError(f"--equarx_min_bytes must be >= 0, got {self.min_bytes}")
+    if self.unroll_min_bytes < 0:
+      raise FlagError(f"--equarx_unroll_min_bytes must be >= 0, got {self.unroll_min_bytes}")
     if self.max_bytes < 0:
       raise FlagError(f"--equarx_max_bytes must be >= 0 (0 = no bound), got {self.max_bytes}")
     if not 1 <= self.block_size <= 1 << 20:
@@ -188,6 +195,9 @@ FLAGS = {f.name: f for f in [
     Flag("equarx_rotation", "rotation", _parse_str, "rotation before quantizing: none,hadamard"),
     Flag("equarx_rotation_size", "rotation_size", _parse_int, "Hadamard block, a power of two dividing the block size (default: the largest such, <= 4096)"),
     Flag("equarx_microshards", "microshards", _parse_int, "independent permutes per ring step"),
+    Flag("equarx_unroll_min_bytes", "unroll_min_bytes", _parse_int,
+         "ring schemes: write out the reduce-scatter loop of all-reduces with at least this "
+         "many operand bytes (faster: no copy of the operand into the loop; larger module)"),
     Flag("equarx_block_layout", "block_layout", _parse_str,
          "fixed (--equarx_block_size values per scale) or grid (8x128 scales per chunk)"),
     Flag("equarx_report", "report", _parse_bool, "print the site table after each rewrite"),

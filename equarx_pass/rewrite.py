@@ -112,7 +112,8 @@ def rewrite_module(module: ir.Module, policy: Policy) -> RewriteResult:
 
 def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Policy) -> None:
   plan = build.RingPlan(cand.layout, cand.schedule, cand.site.device_kind,
-                        cand.site.num_devices, policy.scheme)
+                        cand.site.num_devices, policy.scheme,
+                        unrolled=cand.site.nbytes >= policy.unroll_min_bytes)
   _emit_in_place(cand, lambda operands: build.emit_allreduce(operands, plan, channels),
                  "the quantized ring", "rerun without --equarx_enable or exclude it with "
                  "--equarx_max_bytes/--equarx_dtypes")

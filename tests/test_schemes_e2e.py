@@ -32,6 +32,11 @@ SCHEMES = [
     "--equarx_format=fp8_e5m2 --equarx_algorithm=two_shot",
     "--equarx_block_layout=grid",
     "--equarx_block_layout=grid --equarx_rotation=hadamard",
+    # Reduce-scatter written out instead of looped (the default for sites >= 4 MiB).
+    "--equarx_algorithm=ring --equarx_rotation=none --equarx_unroll_min_bytes=0",
+    "--equarx_algorithm=bidirectional --equarx_microshards=2 --equarx_unroll_min_bytes=0",
+    "--equarx_algorithm=ring --equarx_format=int4 --equarx_block_size=128 "
+    "--equarx_unroll_min_bytes=0",
 ]
 # Loose ceilings on the relative L2 error for Gaussian data, per format (the
 # measured values are 2-10x lower; see tools/error_table.py).
@@ -72,6 +77,7 @@ def test_scheme_equals_model_one_group(flags, inputs):
     "--equarx_algorithm=two_shot --equarx_rotation=hadamard",
     "--equarx_algorithm=bidirectional --equarx_microshards=2 --equarx_format=int4 "
     "--equarx_block_size=256",
+    "--equarx_algorithm=ring --equarx_rotation=none --equarx_unroll_min_bytes=0",
 ])
 @pytest.mark.parametrize("axis", ["tp", "dp"])
 def test_scheme_equals_model_subgroups_bf16(flags, axis, inputs):
