@@ -205,6 +205,10 @@ class _Emitter:
                     self.bcast(scale, (rows * nb, block), [0])).result
     return self.reshape(out, (rows, s))
 
+  def accumulate(self, payload, local, block: int, fmt: qz.Format) -> ir.Value:
+    """A ring step's sum: Dq(payload) + local, f32 [rows, s] (XLA:CPU fuses it into one FMA)."""
+    return hlo.AddOp(self.dequantize_rows(payload, _shape(local)[1], block, fmt), local).result
+
   def pack_int4(self, q) -> ir.Value:
     """int8 [rows, s] in [-7, 7] -> [rows, s/2]: value 2i low nibble, 2i+1 high nibble."""
     rows, s = _shape(q)
@@ -434,13 +438,11 @@ def emit_ring_step(payload: ir.Value, local: ir.Value, block: int,
   """One ring step's arithmetic between two permutes: Dq -> f32 add -> Qp1/Qp2.
 
   payload: int8 [1, P] as received; local: f32 [1, C], this rank's chunk.
-  Returns the int8 [1, P] payload the next permute sends.  The same ops as the
-  reduce-scatter loop body; tools/bench_gpu_step.py times them alone.
+  Returns the int8 [1, P] payload the next permute sends.  The reduce-scatter step's
+  own ops (_Emitter.accumulate, quantize_rows); tools/bench_gpu_step.py times them alone.
   """
   em = _Emitter()
-  c = _shape(local)[1]
-  partial = hlo.AddOp(em.dequantize_rows(payload, c, block, fmt), local).result
-  return em.quantize_rows(partial, block, fmt)
+  return em.quantize_rows(em.accumulate(payload, local, block, fmt), block, fmt)
 
 
 def _rank(em, plan, coll) -> ir.Value:
@@ -480,7 +482,7 @@ def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size,
       received = coll.permute(em.quantize_rows(partial, block, fmt), lane.direction)
       idx = em.mod(em.add_i32(hlo.SubtractOp(ranks[lane.direction], step).result, -1), n)
       local = widen(em.dynamic_rows(chunks_, idx, lane.offset, 1, lane.size))
-      new.append(hlo.AddOp(em.dequantize_rows(received, lane.size, block, fmt), local).result)
+      new.append(em.accumulate(received, local, block, fmt))
     return new + [chunks_, ranks[1], ranks[-1]]
 
   partials = [widen(em.dynamic_rows(chunks, rank_of[lane.direction], lane.offset, 1, lane.size))
