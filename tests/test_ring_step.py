@@ -19,8 +19,8 @@ VALUES, BLOCK = 8192, 1024
 
 
 def _payload(rng, fmt):
-  codes, scale = qz.quantize(rng.standard_normal((1, VALUES), dtype=np.float32), BLOCK, fmt)
-  return np.concatenate([codes.reshape(1, -1), scale.view(np.int8).reshape(1, -1)], 1)
+  return bench_gpu_step.to_payload(
+      *qz.quantize(rng.standard_normal((1, VALUES), dtype=np.float32), BLOCK, fmt))
 
 
 @pytest.mark.parametrize("fmt_name", ["int8", "int4", "fp8_e4m3"])

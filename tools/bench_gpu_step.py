@@ -57,40 +57,50 @@ def step_program(jax, c: int, block: int, fmt):
   return _jax_private.lowered_with_module(lowered, module).compile(), p
 
 
+def to_payload(codes, scale):
+  """The wire payload of one chunk, int8 [1, P]: codes, then the f32 scales' bytes."""
+  import numpy as np
+  return np.concatenate([codes.reshape(1, -1), scale.view(np.int8).reshape(1, -1)], 1)
+
+
+def from_payload(payload, c, fmt):
+  """(codes int8, scales f32) of an int8 [1, P] payload of c values."""
+  import numpy as np
+  code_bytes = fmt.code_bytes(c)
+  return payload[0, :code_bytes], payload[0, code_bytes:].copy().view(np.float32)
+
+
 def model_step(payload, local, c, block, fmt, fma=True):
   """The NumPy model's step.  fma=False rounds the product before the add, as a
   backend that does not contract Dq's multiply into the add would."""
   from equarx_pass import quantize as qz
-  import numpy as np
-  code_bytes = fmt.code_bytes(c)
-  codes = payload[0, :code_bytes]
-  scale = payload[0, code_bytes:].copy().view(np.float32)
-  values = qz.codes_to_f32(codes, fmt).reshape(-1, block)
+  codes, scale = from_payload(payload, c, fmt)
+  local = local.reshape(-1, block)
   if fma:
-    partial = qz.fused_multiply_add(values, scale[:, None], local.reshape(-1, block))
+    values = qz.codes_to_f32(codes, fmt).reshape(-1, block)
+    partial = qz.fused_multiply_add(values, scale[:, None], local)
   else:
-    partial = (values * scale[:, None]).astype(np.float32) + local.reshape(-1, block)
-  new_codes, new_scale = qz.quantize(partial.reshape(1, c), block, fmt)
-  return np.concatenate([new_codes.reshape(1, -1), new_scale.view(np.int8).reshape(1, -1)], 1)
+    partial = qz.dequantize(codes, scale, block, fmt).reshape(-1, block) + local
+  return to_payload(*qz.quantize(partial.reshape(1, c), block, fmt))
 
 
 def compare(out, payload, local, c, block, fmt) -> str:
   """Which model the device's bits equal, or how far they are from the nearer one."""
   import numpy as np
   from equarx_pass import quantize as qz
-  code_bytes = fmt.code_bytes(c)
-  got_scale = out[0, code_bytes:].copy().view(np.float32)
-  got_codes = qz.codes_to_f32(out[0, :code_bytes], fmt)
+  got_codes, got_scale = from_payload(out, c, fmt)
+  got_values = qz.codes_to_f32(got_codes, fmt)
   found = []
   for fma, name in ((True, "FMA"), (False, "no FMA")):
     want = model_step(payload, local, c, block, fmt, fma)
     if np.array_equal(out, want):
       return "same bits" if fma else "same bits, no FMA"
-    want_codes = qz.codes_to_f32(want[0, :code_bytes], fmt)
-    off = got_codes != want_codes
-    scales_off = (got_scale != want[0, code_bytes:].copy().view(np.float32)).mean()
-    found.append((off.mean() + scales_off, name, off.mean(),
-                  np.abs(got_codes - want_codes).max(), scales_off))
+    want_codes, want_scale = from_payload(want, c, fmt)
+    want_values = qz.codes_to_f32(want_codes, fmt)
+    codes_off = (got_values != want_values).mean()
+    scales_off = (got_scale != want_scale).mean()
+    found.append((codes_off + scales_off, name, codes_off,
+                  np.abs(got_values - want_values).max(), scales_off))
   _, name, codes_off, worst, scales_off = min(found)
   return (f"model ({name}) but {codes_off:.1e} codes off (max {worst:g}), "
           f"{scales_off:.1e} scales off")
@@ -161,8 +171,8 @@ def main() -> int:
       if args.hlo_dir:
         with open(os.path.join(args.hlo_dir, f"step_{fmt_name}_{size_text}.hlo"), "w") as f:
           f.write(step.as_text())
-      codes, scale = qz.quantize(rng.standard_normal((1, c), dtype=np.float32), args.block, fmt)
-      payload = np.concatenate([codes.reshape(1, -1), scale.view(np.int8).reshape(1, -1)], 1)
+      payload = to_payload(*qz.quantize(rng.standard_normal((1, c), dtype=np.float32),
+                                        args.block, fmt))
       args_dev = (jax.device_put(payload, device), local_dev)
       step_s = timed(step, args_dev, args.calls)
       model = compare(np.asarray(step(*args_dev)), payload, local, c, args.block, fmt)

@@ -63,7 +63,8 @@ def scheme_label(flags: str) -> str:
     parts.append(p.rotation + (f"{p.rotation_size}" if get("rotation_size", 0) else ""))
   if get("microshards", 1) != 1:
     parts.append(f"ms{p.microshards}")
-  if get("unroll_min_bytes", 4 << 20) != 4 << 20:
+  default_unroll = getattr(equarx_pass.Policy, "unroll_min_bytes", None)
+  if default_unroll is not None and p.unroll_min_bytes != default_unroll:
     parts.append(f"unroll>={p.unroll_min_bytes}")
   return " ".join(parts)
 
