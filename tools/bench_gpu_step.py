@@ -169,6 +169,7 @@ def main() -> int:
       fmt = qz.FORMATS[fmt_name]
       step, p = step_program(jax, c, args.block, fmt)
       if args.hlo_dir:
+        os.makedirs(args.hlo_dir, exist_ok=True)
         with open(os.path.join(args.hlo_dir, f"step_{fmt_name}_{size_text}.hlo"), "w") as f:
           f.write(step.as_text())
       payload = to_payload(*qz.quantize(rng.standard_normal((1, c), dtype=np.float32),
