@@ -9,7 +9,8 @@ largest code is QMAX (int8: 127, int4: 7, fp8 e4m3: 448, fp8 e5m2: 57344):
   Qp1 (block metadata):  amax = max|x| (NaN counted as inf),  scale = amax * f32(1/QMAX)
   Qp2 (scale and cast):  v = clamp(x * min(f32(1 / safe), FLT_MAX), -QMAX, QMAX)
                           where safe = scale if scale > 0 else 1
-                          int:  q = round_half_even(v) as int8 (int4: two per byte)
+                          int:  q = round_half_even(v) as int8 (int4: two per byte,
+                                see pack_int4)
                           fp8:  q = v converted to fp8 (round to nearest even)
   Dq:                    x' = f32(q) * scale
 
@@ -110,11 +111,42 @@ def _scaled(x: np.ndarray, block_size: int, fmt: Format):
   return v, scale
 
 
+def nibble_group(block_size: int) -> int:
+  """The int4 pairing group: the block when it is even, else 2 (neighbours pair)."""
+  return block_size if block_size % 2 == 0 else 2
+
+
+def pack_int4(q: np.ndarray, group: int) -> np.ndarray:
+  """int8 codes in [-8, 7] [..., S] -> bytes [..., S/2], S a multiple of `group`.
+
+  Within each group of G values along the last axis, value j goes to the low
+  nibble and value j + G/2 to the high nibble of byte j: both halves of a group
+  are contiguous, so packing and unpacking are slices and broadcasts, not the
+  stride-2 interleave that neighbouring pairs need (the int4 ring spent its
+  extra time there on XLA:CPU).  The ring pairs within a block
+  (nibble_group); the calibrated scheme within a whole chunk row.
+  """
+  q = np.asarray(q, np.int8)
+  halves = q.reshape(q.shape[:-1] + (q.shape[-1] // group, 2, group // 2)).astype(np.int32)
+  packed = (halves[..., 0, :] & 0xF) | (halves[..., 1, :] << 4)
+  return packed.astype(np.uint8).view(np.int8).reshape(q.shape[:-1] + (q.shape[-1] // 2,))
+
+
+def unpack_int4(codes: np.ndarray, group: int) -> np.ndarray:
+  """pack_int4's inverse: bytes [..., S/2] -> int8 [..., S], each nibble sign-extended."""
+  codes = np.asarray(codes, np.int8)
+  halves = codes.reshape(codes.shape[:-1] + (codes.shape[-1] * 2 // group, 1, group // 2))
+  low = (halves.astype(np.int32) << 28) >> 28          # sign-extend the low nibble
+  high = halves.astype(np.int32) >> 4                   # arithmetic shift: the high one
+  both = np.concatenate([low, high], axis=-2)
+  return both.astype(np.int8).reshape(codes.shape[:-1] + (codes.shape[-1] * 2,))
+
+
 def quantize(x: np.ndarray, block_size: int, fmt: Format = INT8):
   """Qp1 + Qp2: (codes, scales f32 [..., blocks]).
 
-  Codes are int8: one per value (int8, fp8 bits), or two per byte for int4
-  (value 2i in the low nibble, 2i+1 in the high nibble), along the last axis.
+  Codes are int8: one per value (int8, fp8 bits), or for int4 two per byte,
+  packed by pack_int4 within groups of nibble_group(block_size), along the last axis.
   """
   x = np.asarray(x, np.float32)
   v, scale = _scaled(x, block_size, fmt)
@@ -125,27 +157,25 @@ def quantize(x: np.ndarray, block_size: int, fmt: Format = INT8):
     # XLA converts NaN to 0 when casting to an integer; the NaN survives in the scale.
     q = np.where(np.isnan(v), np.float32(0), np.rint(v)).astype(np.int8).reshape(x.shape)
   if fmt.bits == 4:
-    pairs = q.reshape(q.shape[:-1] + (q.shape[-1] // 2, 2)).astype(np.int32)
-    q = ((pairs[..., 0] & 0xF) | (pairs[..., 1] << 4)).astype(np.uint8).view(np.int8)
+    q = pack_int4(q, nibble_group(block_size))
   return q, scale
 
 
-def codes_to_f32(codes: np.ndarray, fmt: Format = INT8) -> np.ndarray:
-  """Unpack codes (int8 array) into f32 code values, one per value."""
+def codes_to_f32(codes: np.ndarray, fmt: Format, block_size: int) -> np.ndarray:
+  """Unpack codes (int8 array, as quantize made them with this block size) into
+  f32 code values, one per value."""
   codes = np.asarray(codes, np.int8)
   if fmt.fp8:
     return codes.view(fmt.numpy_fp8).astype(np.float32)
   if fmt.bits == 4:
-    low = (codes.astype(np.int32) << 28) >> 28          # sign-extend the low nibble
-    high = codes.astype(np.int32) >> 4                   # arithmetic shift: the high one
-    return np.stack([low, high], axis=-1).reshape(codes.shape[:-1] + (-1,)).astype(np.float32)
+    return unpack_int4(codes, nibble_group(block_size)).astype(np.float32)
   return codes.astype(np.float32)
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray, block_size: int,
                fmt: Format = INT8) -> np.ndarray:
   """Dq: f32(q) * scale, block-wise; returns f32 with one value per code value."""
-  values = codes_to_f32(q, fmt)
+  values = codes_to_f32(q, fmt, block_size)
   blocks = values.reshape(scale.shape + (block_size,))
   with np.errstate(invalid="ignore", over="ignore"):
     out = blocks * scale[..., None].astype(np.float32)

@@ -174,7 +174,7 @@ def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8
     for r in range(n):
       q, s = sent[(r - 1) % n]
       # Dequantize and add in one rounding: XLA contracts the multiply and the add.
-      values = qz.codes_to_f32(q, fmt).reshape(s.shape + (block,))
+      values = qz.codes_to_f32(q, fmt, block).reshape(s.shape + (block,))
       local = x[r][sched.reduce_scatter_chunk(r, step)].reshape(values.shape)
       partial[r] = qz.fused_multiply_add(values, s[:, None], local).reshape(-1)
 

@@ -72,7 +72,7 @@ def dequantize_rotated(codes: np.ndarray, scale: np.ndarray, block: int, fmt,
   bits cannot depend on that choice.
   """
   from equarx_pass import quantize as qz
-  code_values = qz.codes_to_f32(codes, fmt)
+  code_values = qz.codes_to_f32(codes, fmt, block)
   blocks = butterflies(code_values, size).reshape(scale.shape + (block,))
   with np.errstate(over="ignore", invalid="ignore"):
     return (blocks * scale[..., None]).astype(np.float32).reshape(code_values.shape)

@@ -35,7 +35,7 @@ def two_shot_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT
     acc = np.zeros_like(x[r][r])
     for j in range(n):
       q, s = sent[j][0][r], sent[j][1][r]
-      values = qz.codes_to_f32(q, fmt).reshape(s.shape + (block,))
+      values = qz.codes_to_f32(q, fmt, block).reshape(s.shape + (block,))
       acc = qz.fused_multiply_add(values, s[:, None], acc.reshape(values.shape)).reshape(-1)
     owned.append(qz.quantize(acc, block, fmt))
   codes = np.stack([q for q, _ in owned])

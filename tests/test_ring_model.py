@@ -231,6 +231,37 @@ def test_quantize_rounds_half_to_even():
   np.testing.assert_array_equal(q, [127, 0, 2, 2, 0, -4, 0, 126])
 
 
+@settings(max_examples=200, deadline=None)
+@given(codes=hnp.arrays(np.int8, st.integers(1, 8).map(lambda k: (3, 8 * k)),
+                        elements=st.integers(-8, 7)),
+       group=st.sampled_from([2, 4, 8, "row"]))
+def test_int4_packing_round_trips_and_pairs_the_two_halves_of_each_group(codes, group):
+  rows, s = codes.shape
+  group = s if group == "row" else group
+  packed = qz.pack_int4(codes, group)
+  assert packed.dtype == np.int8 and packed.shape == (rows, s // 2)
+  np.testing.assert_array_equal(qz.unpack_int4(packed, group), codes)
+  # Byte j of a group: value j in the low nibble, value j + group/2 in the high one.
+  halves = codes.reshape(rows, s // group, 2, group // 2).astype(np.int32)
+  as_bytes = packed.view(np.uint8).reshape(rows, s // group, group // 2).astype(np.int32)
+  np.testing.assert_array_equal(as_bytes & 0xF, halves[:, :, 0] & 0xF)
+  np.testing.assert_array_equal(as_bytes >> 4, halves[:, :, 1] & 0xF)
+
+
+def test_int4_codes_pair_within_a_block_and_neighbours_for_odd_blocks():
+  assert qz.nibble_group(128) == 128 and qz.nibble_group(2) == 2 and qz.nibble_group(3) == 2
+  x = np.array([7, 0, -7, 7], np.float32)          # one block of 4: codes = values
+  q, scale = qz.quantize(x, 4, qz.INT4)
+  assert scale[0] == np.float32(7) * qz.inverse(7)
+  # Value 0 (7) low and value 2 (-7) high in byte 0; value 1 (0) low and value 3 (7) high in byte 1.
+  np.testing.assert_array_equal(q.view(np.uint8), [0x7 | (0x9 << 4), 0x0 | (0x7 << 4)])
+  np.testing.assert_array_equal(qz.codes_to_f32(q, qz.INT4, 4), [7, 0, -7, 7])
+  # An odd block packs neighbours: values 0 and 1 in byte 0.
+  q3, _ = qz.quantize(np.array([7, -7, 0, 7, 0, 0], np.float32), 3, qz.INT4)
+  np.testing.assert_array_equal(q3.view(np.uint8), [0x7 | (0x9 << 4), 0x0 | (0x7 << 4), 0])
+  np.testing.assert_array_equal(qz.codes_to_f32(q3, qz.INT4, 3), [7, -7, 0, 7, 0, 0])
+
+
 def test_quantize_multiplies_by_the_reciprocal_like_xla():
   # XLA turns x / broadcast(scale) into x * broadcast(1 / scale).  With scale 7
   # (absmax 889) the values (k + 1/2) * 7 are exact ties for a divide, but

@@ -77,7 +77,7 @@ def model_step(payload, local, c, block, fmt, fma=True):
   codes, scale = from_payload(payload, c, fmt)
   local = local.reshape(-1, block)
   if fma:
-    values = qz.codes_to_f32(codes, fmt).reshape(-1, block)
+    values = qz.codes_to_f32(codes, fmt, block).reshape(-1, block)
     partial = qz.fused_multiply_add(values, scale[:, None], local)
   else:
     partial = qz.dequantize(codes, scale, block, fmt).reshape(-1, block) + local
@@ -89,14 +89,14 @@ def compare(out, payload, local, c, block, fmt) -> str:
   import numpy as np
   from equarx_pass import quantize as qz
   got_codes, got_scale = from_payload(out, c, fmt)
-  got_values = qz.codes_to_f32(got_codes, fmt)
+  got_values = qz.codes_to_f32(got_codes, fmt, block)
   found = []
   for fma, name in ((True, "FMA"), (False, "no FMA")):
     want = model_step(payload, local, c, block, fmt, fma)
     if np.array_equal(out, want):
       return "same bits" if fma else "same bits, no FMA"
     want_codes, want_scale = from_payload(want, c, fmt)
-    want_values = qz.codes_to_f32(want_codes, fmt)
+    want_values = qz.codes_to_f32(want_codes, fmt, block)
     codes_off = (got_values != want_values).mean()
     scales_off = (got_scale != want_scale).mean()
     found.append((codes_off + scales_off, name, codes_off,
