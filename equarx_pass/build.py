@@ -127,11 +127,15 @@ class _Emitter:
   def concat(self, values, axis) -> ir.Value:
     return values[0] if len(values) == 1 else hlo.ConcatenateOp(values, axis).result
 
+  def dynamic_slice(self, x, starts, sizes) -> ir.Value:
+    """x[starts[0]:starts[0]+sizes[0], ...], `starts` traced i32 scalars."""
+    element_type = ir.RankedTensorType(x.type).element_type
+    return hlo.DynamicSliceOp(x, list(starts), list(sizes),
+                              results=[_tensor(tuple(sizes), element_type)]).result
+
   def dynamic_rows(self, x, row, col, rows, width) -> ir.Value:
     """x[row:row+rows, col:col+width] of a 2-D x, `row` a traced i32 scalar."""
-    t = ir.RankedTensorType(x.type)
-    return hlo.DynamicSliceOp(x, [row, self.i32_scalar(col)], [rows, width],
-                              results=[_tensor((rows, width), t.element_type)]).result
+    return self.dynamic_slice(x, [row, self.i32_scalar(col)], [rows, width])
 
   def set_rows(self, x, row, value) -> ir.Value:
     return hlo.DynamicUpdateSliceOp(x, value, [row, self.i32_scalar(0)]).result
@@ -477,8 +481,7 @@ def _per_device(em, coll, tables) -> list[ir.Value]:
   """Each table's entry for this device (partition or replica id), as i32 scalars."""
   device = (hlo.PartitionIdOp() if coll.partition else hlo.ReplicaIdOp()).result
   device = em.reshape(em.convert(device, em.i32), (1,))
-  return [em.reshape(hlo.DynamicSliceOp(em.const(table, em.i32), [em.reshape(device, ())], [1],
-                                        results=[_tensor((1,), em.i32)]).result, ())
+  return [em.reshape(em.dynamic_slice(em.const(table, em.i32), [em.reshape(device, ())], [1]), ())
           for table in tables]
 
 
@@ -650,16 +653,12 @@ def emit_calibrated_allreduce(operands: list[ir.Value], plan: CalibratedPlan,
   group, rank = _per_device(em, coll, [plan.group_table(),
                                        plan.schedule.rank_table(plan.num_devices)])
   zero = em.i32_scalar(0)
-  in_scale = em.reshape(hlo.DynamicSliceOp(
-      em.const(plan.in_scale, em.f32), [group, zero, zero], [1, n, hn],
-      results=[_tensor((1, n, hn), em.f32)]).result, (n, hn))
-  own_reciprocal = em.reshape(hlo.DynamicSliceOp(
-      em.const(plan.in_reciprocal, em.f32), [group, rank, zero], [1, 1, hn],
-      results=[_tensor((1, 1, hn), em.f32)]).result, (1, hn))
-  out_scale = hlo.DynamicSliceOp(em.const(plan.out_scale, em.f32), [group, zero], [1, hn],
-                                 results=[_tensor((1, hn), em.f32)]).result
-  out_reciprocal = hlo.DynamicSliceOp(em.const(plan.out_reciprocal, em.f32), [group, zero],
-                                      [1, hn], results=[_tensor((1, hn), em.f32)]).result
+  in_scale = em.reshape(em.dynamic_slice(em.const(plan.in_scale, em.f32),
+                                          [group, zero, zero], [1, n, hn]), (n, hn))
+  own_reciprocal = em.reshape(em.dynamic_slice(em.const(plan.in_reciprocal, em.f32),
+                                                [group, rank, zero], [1, 1, hn]), (1, hn))
+  out_scale = em.dynamic_slice(em.const(plan.out_scale, em.f32), [group, zero], [1, hn])
+  out_reciprocal = em.dynamic_slice(em.const(plan.out_reciprocal, em.f32), [group, zero], [1, hn])
 
   def payload(values, count: int, reciprocal) -> ir.Value:
     """f32 [count * R, H] in wire order -> int8 [count, P]: int4 codes, then bf16 bytes."""

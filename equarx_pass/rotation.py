@@ -41,7 +41,7 @@ def stages(size: int) -> list[int]:
 
 
 def butterflies(x: np.ndarray, size: int) -> np.ndarray:
-  """sqrt(size) * H_size on each consecutive block of `size` values (no normalisation)."""
+  """H_size (entries +-1, no scale) on each consecutive block of `size` values."""
   x = np.asarray(x, np.float32).reshape(-1)
   if x.size % size:
     raise ValueError(f"{x.size} values do not split into blocks of {size}")
