@@ -66,16 +66,20 @@ def _record(decision: match.Decision, policy: Policy) -> SiteRecord:
   before = _ring_bytes_before(site)
   if isinstance(decision, match.Candidate):
     after = ring.ring_wire_bytes(decision.layout, 0, policy.scheme.fmt).after
-    verdict, reason = "rewritten", policy.scheme.describe()
-    if before and after >= before:
-      # Padding to whole blocks (a tiny tensor, or the grid layout with a rotation)
-      # can cost more than quantizing saves; --equarx_min_bytes is the user's guard.
-      reason += f"; sends {after / before:.1f}x the original's bytes (padding)"
+    verdict, reason = "rewritten", policy.scheme.describe() + _padding_note(after, before)
   else:
     after, verdict, reason = before, "skipped", decision.reason
   return SiteRecord(site.index, site.location, tuple(o.shape for o in site.operands),
                     tuple(o.dtype for o in site.operands), site.group_size,
                     len(site.groups or ()), verdict, reason, before, after)
+
+
+def _padding_note(after: int, before: int) -> str:
+  """Padding to whole blocks (a tiny tensor, or the grid layout with a rotation) can
+  cost more than quantizing saves; --equarx_min_bytes is the user's guard."""
+  if before and after >= before:
+    return f"; sends {after / before:.1f}x the original's bytes (padding)"
+  return ""
 
 
 def copy_module(module: ir.Module) -> ir.Module:
@@ -145,7 +149,7 @@ def _calibrated_plans(candidates: list[match.Candidate], policy: Policy,
   plans = {}
   for cand in candidates:
     site = cand.site
-    i = next(j for j, r in enumerate(records) if r.index == site.index)
+    i = site.index                   # records are in site order
     if len(site.operands) != 1:
       why = "several operands in one all-reduce"
     else:
@@ -164,8 +168,7 @@ def _calibrated_plans(candidates: list[match.Candidate], policy: Policy,
     if policy.calibration_clip:
       reason += f", ranges clipped at {policy.calibration_clip:g} rms"
     after = lay.wire_bytes()
-    if records[i].bytes_before and after >= records[i].bytes_before:
-      reason += f"; sends {after / records[i].bytes_before:.1f}x the original's bytes (padding)"
+    reason += _padding_note(after, records[i].bytes_before)
     records[i] = dataclasses.replace(records[i], reason=reason, bytes_after=after)
   return plans
 
@@ -176,17 +179,14 @@ def _calibrated_plan(cand: match.Candidate, entry: calibration.SiteCalibration,
   outliers = entry.outliers()
   layout = outlier.make_layout(site.operands[0].shape, site.group_size, outliers)
   normal = list(layout.normal)
-  tables = {"in_scale": [], "in_reciprocal": [], "out_scale": [], "out_reciprocal": []}
-  for group in site.groups:
-    scales = entry.group_scales(group, outliers, clip)
-    s, r = outlier.static_scales(np.asarray(scales.in_ranges, np.float32)[:, normal])
-    tables["in_scale"].append(s)
-    tables["in_reciprocal"].append(r)
-    s, r = outlier.static_scales(np.asarray(scales.out_ranges, np.float32)[normal])
-    tables["out_scale"].append(s)
-    tables["out_reciprocal"].append(r)
+  per_group = [entry.group_scales(group, outliers, clip) for group in site.groups]
+  in_scale, in_reciprocal = zip(*(
+      outlier.static_scales(np.asarray(g.in_ranges, np.float32)[:, normal]) for g in per_group))
+  out_scale, out_reciprocal = zip(*(
+      outlier.static_scales(np.asarray(g.out_ranges, np.float32)[normal]) for g in per_group))
   return build.CalibratedPlan(layout, cand.schedule, site.device_kind, site.num_devices,
-                              **{name: np.stack(t) for name, t in tables.items()})
+                              np.stack(in_scale), np.stack(in_reciprocal),
+                              np.stack(out_scale), np.stack(out_reciprocal))
 
 
 def _replace_calibrated(cand: match.Candidate, channels: build.ChannelAllocator,
