@@ -80,7 +80,6 @@ class Calibration:
   ema: float
   batches: int
   unobserved: list[dict] = dataclasses.field(default_factory=list)
-  path: str = ""
 
   def to_json(self) -> dict:
     sites = []
@@ -92,14 +91,6 @@ class Calibration:
       sites.append(entry)
     return {"format": FORMAT, "version": VERSION, "ema": self.ema, "batches": self.batches,
             "sites": sites, "unobserved": self.unobserved}
-
-  def save(self, path: str) -> None:
-    """Write to a temporary file beside `path`, then rename it into place."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-      json.dump(self.to_json(), f)
-    os.replace(tmp, path)
-    self.path = path
 
 
 def _site_from_json(entry: dict) -> SiteCalibration:
@@ -142,7 +133,7 @@ def load(path: str) -> Calibration:
   try:
     sites = [_site_from_json(entry) for entry in data["sites"]]
     calib = Calibration({s.index: s for s in sites}, float(data["ema"]), int(data["batches"]),
-                        list(data.get("unobserved", [])), path)
+                        list(data.get("unobserved", [])))
   except (KeyError, TypeError, ValueError) as e:
     what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
     raise ParseError(f"malformed calibration file: {what}", path=path) from None

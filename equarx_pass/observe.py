@@ -22,6 +22,7 @@ file and fall back to the dynamic scheme at rewrite time.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -29,7 +30,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func, sdy
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import _jax_private, build, calibration, match, outlier
+from equarx_pass import _jax_private, build, calibration, match, outlier, transform
 from equarx_pass.errors import FlagError
 from equarx_pass.policy import Policy
 
@@ -57,9 +58,7 @@ def _observability(op: ir.Operation, main: ir.Operation, facts: match.ModuleFact
     return "not directly inside a shard_map body (loop, conditional or other function)"
   if parent.parent is None or parent.parent != main:
     return "its shard_map is not directly in main"
-  sharding = sdy.TensorShardingPerValueAttr(parent.attributes["in_shardings"])
-  shardings = list(sharding.shardings)
-  mesh_ref = (sdy.TensorShardingAttr(shardings[0]).mesh_or_ref if shardings else None)
+  mesh_ref = _mesh_ref(parent)
   mesh = None
   if isinstance(mesh_ref, ir.FlatSymbolRefAttr):
     mesh = facts.mesh(mesh_ref.value)
@@ -69,6 +68,13 @@ def _observability(op: ir.Operation, main: ir.Operation, facts: match.ModuleFact
   if sorted(manual) != sorted(mesh.axis_names):
     return "the shard_map is not manual over every mesh axis"
   return parent, mesh
+
+
+def _mesh_ref(manual_computation: ir.Operation):
+  """The mesh (or its symbol) of a manual computation's first in-sharding, else None."""
+  shardings = list(sdy.TensorShardingPerValueAttr(
+      manual_computation.attributes["in_shardings"]).shardings)
+  return sdy.TensorShardingAttr(shardings[0]).mesh_or_ref if shardings else None
 
 
 def _insert_stats(obs: _Observed, op: ir.Operation) -> None:
@@ -92,8 +98,7 @@ def _add_results(mc: ir.Operation, observed: list[_Observed]) -> ir.Operation:
   global [devices, 4, H] with the first dimension over every mesh axis."""
   mesh = observed[0].mesh
   f32 = ir.F32Type.get()
-  ref = sdy.TensorShardingAttr(list(sdy.TensorShardingPerValueAttr(
-      mc.attributes["in_shardings"]).shardings)[0]).mesh_or_ref
+  ref = _mesh_ref(mc)            # observable: an sdy.mesh symbol (_observability)
   axes = [sdy.AxisRefAttr.get(name) for name in mesh.axis_names]
   by_device = sdy.TensorShardingAttr.get(
       ref, [sdy.DimensionShardingAttr.get(axes, True)] +
@@ -102,8 +107,7 @@ def _add_results(mc: ir.Operation, observed: list[_Observed]) -> ir.Operation:
   out_shardings = list(sdy.TensorShardingPerValueAttr(mc.attributes["out_shardings"]).shardings)
   types = [r.type for r in mc.results]
   for obs in observed:
-    h = ir.RankedTensorType(obs.stats.type).shape[2]
-    types.append(ir.RankedTensorType.get([devices, STATS_ROWS, h], f32))
+    types.append(ir.RankedTensorType.get([devices, STATS_ROWS, obs.features], f32))
     out_shardings.append(by_device)
   with ir.InsertionPoint(mc), mc.location:
     new = sdy.ManualComputationOp(types, list(mc.operands), mc.attributes["in_shardings"],
@@ -226,7 +230,7 @@ def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | N
   # depend on the number of rows, so every signature feeds the same sites.
   programs: dict[Any, tuple] = {}
   sums: dict[int, dict[str, Any]] = {}
-  first_seen: dict[int, tuple[_Observed, str]] = {}
+  first_seen: dict[int, _Observed] = {}
   unobserved: dict[int, tuple[match.Site, str]] = {}
   count = 0
   for batch in calibration_batches:
@@ -236,13 +240,14 @@ def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | N
       programs[key] = _observation_program(jitted, args, kwargs, observe_policy)
       for site, reason in programs[key][2]:
         unobserved.setdefault(site.index, (site, reason))
+      for obs in programs[key][1]:
+        _check_same_site(first_seen.setdefault(obs.site.index, obs), obs)
     compiled, observed, _ = programs[key]
     count += 1
     if compiled is None:
       continue
     _, stats = compiled(*dyn_args, **dyn_kwargs)
     for obs in observed:
-      _check_same_site(first_seen.setdefault(obs.site.index, (obs, obs.type))[0], obs)
       value = np.asarray(stats[obs.output], np.float64)
       rows = [obs.mesh.device_ids.index(d) for g in obs.site.groups for d in g]
       per_device = value[rows]           # [devices, 4, H], devices in group order
@@ -253,17 +258,17 @@ def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | N
     raise FlagError("calibrate: no calibration batches")
 
   sites = {}
-  for index, (obs, type_) in first_seen.items():
+  for index, obs in first_seen.items():
     operand = obs.site.operands[0]
     devices = tuple(d for g in obs.site.groups for d in g)
     sites[index] = calibration.SiteCalibration(
-        index, obs.site.location, type_, operand.shape, operand.dtype,
+        index, obs.site.location, obs.type, operand.shape, operand.dtype,
         obs.site.groups, devices, sums[index])
   result = calibration.Calibration(
       sites, ema, count,
       [dict(index=s.index, location=s.location, reason=r)
        for i, (s, r) in sorted(unobserved.items()) if i not in sites])
-  result.save(path)
+  transform.write_atomically(path, json.dumps(result.to_json()))
   return result
 
 
