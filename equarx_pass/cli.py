@@ -70,15 +70,18 @@ def main(argv: list[str]) -> int:
       result = transform.transform_file(input_path, output, policy)
   except EquarxError as e:
     return _fail(str(e))
+  to_stdout = output in (None, "-")
+  # The report goes beside the program: on stderr when the program is on stdout.
+  notes = sys.stderr if to_stdout else sys.stdout
   try:
-    if output in (None, "-"):
+    if to_stdout:
       sys.stdout.write(result.text)
     if FLAGS.report or policy.report:
       table = report.format_table(result.records, f"{input_path} ({result.input_kind}, "
                                   f"pass {result.pass_seconds * 1e3:.1f} ms)")
-      print(table, file=sys.stderr if output in (None, "-") else sys.stdout)
+      print(table, file=notes)
     if result.tpu is not None:
-      print(result.tpu.summary(), file=sys.stderr if output in (None, "-") else sys.stdout)
+      print(result.tpu.summary(), file=notes)
     sys.stdout.flush()
   except OSError as e:    # a full disk, a closed pipe
     # Python would try to flush again at exit and print a traceback.

@@ -32,13 +32,14 @@ import tempfile
 import time
 
 import numpy as np
+from jax.extend import mlir as jax_mlir
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func, sdy, stablehlo
 
 from equarx_pass import _jax_private, match
 from equarx_pass.errors import RewriteError
 from equarx_pass.policy import Policy
-from equarx_pass.rewrite import RewriteResult, rewrite_module, verify
+from equarx_pass.rewrite import RewriteResult, copy_module, rewrite_module, verify
 
 # XLA dumps the module after every pass whose name matches; this one is the
 # SPMD partitioner proper (the pass that inserts the collectives).
@@ -116,7 +117,6 @@ def _per_device_module(hlo_text: str, original: ir.Module) -> ir.Module:
   mesh-axes attributes over a mesh of its own; both are made explicit here so
   that the functions can move into another module.
   """
-  from jax.extend import mlir as jax_mlir
   proto = _jax_private.hlo_text_to_proto(hlo_text)
   module = ir.Module.parse(jax_mlir.hlo_to_stablehlo(proto), context=original.context)
   attrs = original.operation.attributes
@@ -173,7 +173,6 @@ def sdy_sharding_text(sharding, mesh_name: str, mesh: match.Mesh, rank: int) -> 
 def _rebuild(original: ir.Module, per_device: ir.Module, mesh_name: str, mesh: match.Mesh,
              in_shardings, out_shardings) -> ir.Module:
   """`original`'s main (signature and attributes) around the per-device program."""
-  from equarx_pass.rewrite import copy_module
   module = copy_module(original)
   ctx = module.context
   with ctx, ir.Location.unknown(ctx):

@@ -19,13 +19,9 @@ import equarx_pass
 from equarx_pass import calibration, outlier
 from equarx_pass.errors import ParseError
 from equarx_pass.policy import Policy
+from meshes import psum_program
 
 ON = "--equarx_enable --equarx_min_bytes=0"
-
-
-def _psum_program(mesh, axis):
-  return jax.shard_map(lambda x: jax.lax.psum(x, axis), mesh=mesh,
-                       in_specs=P(mesh.axis_names), out_specs=P(mesh.axis_names))
 
 
 def _draw(rng, shape, hot=(3, 77)):
@@ -45,7 +41,7 @@ def _model(x, entry, group, out_dtype=None, clip=0.0):
 def one_group(tmp_path_factory):
   """A psum over 8 devices of [1, 40, 256] per device, calibrated on 3 batches."""
   mesh = Mesh(np.array(jax.devices()), ("tp",))
-  program = _psum_program(mesh, "tp")
+  program = psum_program(mesh, "tp")
   rng = np.random.default_rng(0)
   batches = [_draw(rng, (8, 40, 256)) for _ in range(3)]
   path = str(tmp_path_factory.mktemp("cal") / "one_group.json")
@@ -101,7 +97,7 @@ def test_calibrated_subgroups_bf16(axis, shape, tmp_path):
   chunks; 320 features (5 in bf16, 315 in int4: odd, rows padded to even) and
   63 (none in bf16)."""
   mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
-  program = _psum_program(mesh, axis)
+  program = psum_program(mesh, axis)
   rng = np.random.default_rng(1)
   hot = (3, 17) if shape[-1] > 64 else (5,)
   batches = [_draw(rng, (8,) + shape[1:], hot).astype(jnp.bfloat16) for _ in range(2)]
@@ -123,7 +119,7 @@ def test_per_device_scales_are_the_senders(tmp_path):
   """Ranks with very different ranges: each contribution is dequantized with its
   sender's scales (a max over devices would lose the small ranks' values)."""
   mesh = Mesh(np.array(jax.devices()), ("tp",))
-  program = _psum_program(mesh, "tp")
+  program = psum_program(mesh, "tp")
   rng = np.random.default_rng(2)
   gain = (10.0 ** np.arange(-3, 5)).astype(np.float32).reshape(8, 1, 1)
   batches = [rng.standard_normal((8, 16, 128)).astype(np.float32) * gain for _ in range(2)]
@@ -242,7 +238,7 @@ def test_bad_calibration_file(content, message, tmp_path):
   if content is not None:
     path.write_text(content)
   mesh = Mesh(np.array(jax.devices()), ("tp",))
-  fn = equarx_pass.jit(_psum_program(mesh, "tp"),
+  fn = equarx_pass.jit(psum_program(mesh, "tp"),
                        flags=f"{ON} '--equarx_calibration={path}'")
   with pytest.raises(ParseError) as info:
     fn(np.ones((8, 4, 128), np.float32))

@@ -10,10 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
 
 import equarx_pass
 from equarx_pass import scheme as scheme_lib
+from meshes import psum_program
 
 SCHEMES = [
     "",                                   # the default: int8 two-shot, Hadamard 1024
@@ -43,11 +44,6 @@ SCHEMES = [
 MAX_REL_ERR = {"int8": 3e-2, "int4": 4e-1, "fp8_e4m3": 1e-1, "fp8_e5m2": 2e-1}
 
 
-def _psum_program(mesh, axis):
-  return jax.shard_map(lambda x: jax.lax.psum(x, axis), mesh=mesh,
-                       in_specs=P(mesh.axis_names), out_specs=P(mesh.axis_names))
-
-
 @pytest.fixture(scope="module")
 def inputs():
   rng = np.random.default_rng(7)
@@ -57,7 +53,7 @@ def inputs():
 @pytest.mark.parametrize("flags", SCHEMES)
 def test_scheme_equals_model_one_group(flags, inputs):
   mesh = Mesh(np.array(jax.devices()), ("tp",))
-  fn = equarx_pass.jit(_psum_program(mesh, "tp"),
+  fn = equarx_pass.jit(psum_program(mesh, "tp"),
                        flags="--equarx_enable --equarx_min_bytes=0 " + flags)
   out = np.asarray(fn(inputs))
   again = np.asarray(fn(inputs))
@@ -84,7 +80,7 @@ def test_scheme_equals_model_subgroups_bf16(flags, axis, inputs):
   """2x4 mesh: groups of 4 (tp) or of 2 (dp); bf16 in and out."""
   mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
   x = inputs.astype(jnp.bfloat16)
-  fn = equarx_pass.jit(_psum_program(mesh, axis),
+  fn = equarx_pass.jit(psum_program(mesh, axis),
                        flags="--equarx_enable --equarx_min_bytes=0 " + flags)
   out = np.asarray(fn(x))
   assert out.dtype == jnp.bfloat16
@@ -106,7 +102,7 @@ def test_zero_and_nonfinite_for_every_format():
   for flags in ("--equarx_format=int4 --equarx_block_size=128",
                 "--equarx_format=fp8_e4m3 --equarx_rotation=hadamard",
                 "--equarx_algorithm=two_shot"):
-    fn = equarx_pass.jit(_psum_program(mesh, "tp"),
+    fn = equarx_pass.jit(psum_program(mesh, "tp"),
                          flags="--equarx_enable --equarx_min_bytes=0 " + flags)
     out = np.asarray(fn(x))
     assert np.all(out[:, :1024] == 0), flags

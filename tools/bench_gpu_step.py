@@ -40,7 +40,7 @@ def step_program(jax, c: int, block: int, fmt):
   from jax.extend.mlir.dialects import func
 
   from equarx_pass import _jax_private, build, match
-  p = fmt.code_bytes(c) + 4 * (c // block)
+  p = fmt.payload_bytes(c, c // block)
   payload_spec = jax.ShapeDtypeStruct((1, p), jnp.int8)
   local_spec = jax.ShapeDtypeStruct((1, c), jnp.float32)
   # Lower a function of the right signature, then replace its body with the step.

@@ -486,7 +486,7 @@ def main() -> int:
   agg = aggregate(rows, args.procs)
   for r in agg:
     r["hosts"] = args.procs
-  md = print_tables(agg)
+  print_tables(agg)
   lines = summary(agg)
   print("\n".join(lines))
   result = dict(machine=benchlib.machine_info(), procs=args.procs, rates=args.rates,
