@@ -30,7 +30,7 @@ from equarx_pass import _jax_private, match, partitioned, report
 from equarx_pass import compile as compile_lib
 from equarx_pass.errors import RewriteError
 from equarx_pass.policy import Policy
-from equarx_pass.rewrite import RewriteResult, SiteRecord, rewrite_module
+from equarx_pass.rewrite import SiteRecord, rewrite_module
 
 
 def resolve_policy(policy: Policy | None = None, flags: str | None = None) -> Policy:
@@ -182,15 +182,15 @@ class Jitted:
     """(the Lowered to run, an executable of it already compiled or None)."""
     lowered = self._jitted.lower(*args, **kwargs)
     module = lowered.compiler_ir("stablehlo")
-    result = rewrite_module(module, self.policy)
     note = ""
-    if self._wants_partitioned(module, result):
+    if self._wants_partitioned(module):
       try:
         return self._rewrite_partitioned(lowered, args, kwargs)
       except partitioned.NotPartitionable as e:
         if self.policy.partitioned == "on":
           raise RewriteError(f"--equarx_partitioned=on: {e}") from None
         note = str(e)
+    result = rewrite_module(module, self.policy)
     tpu = None
     if self.policy.compile_for:
       tpu = compile_lib.compile_for_target(str(result.module), self.policy.compile_for)
@@ -199,13 +199,13 @@ class Jitted:
       return lowered, None
     return _jax_private.lowered_with_module(lowered, result.module), None
 
-  def _wants_partitioned(self, module, result: RewriteResult) -> bool:
+  def _wants_partitioned(self, module) -> bool:
     """--equarx_partitioned: on, off, or auto = a multi-device program whose lowered
     StableHLO has no all-reduce (so any it will have, the partitioner inserts)."""
     mode = self.policy.partitioned
     if mode == "off" or match.module_facts(module).num_partitions <= 1:
       return False
-    return mode == "on" or not result.records
+    return mode == "on" or not match.find_all_reduces(module)
 
   def _rewrite_partitioned(self, lowered, args, kwargs):
     done = partitioned.rewrite_partitioned(lowered, self.policy)
