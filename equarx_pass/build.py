@@ -324,9 +324,7 @@ def emit_feature_stats(value: ir.Value) -> list[ir.Value]:
   as an infinite range.  calibrate (observe.py) records these.
   """
   em = _Emitter()
-  shape = _shape(value)
-  features = shape[-1] if shape else 1
-  rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+  rows, features = outlier.rows_and_features(_shape(value))
   x = em.reshape(em.convert(value, em.f32), (rows, features))
   zero = em.splat(0, (), em.f32)
   absmax = _reduce(em.magnitude(x), zero, em.f32, 0, hlo.MaxOp)

@@ -97,7 +97,7 @@ def _site_from_json(entry: dict) -> SiteCalibration:
   shape = tuple(int(d) for d in entry["shape"])
   groups = tuple(tuple(int(d) for d in g) for g in entry["groups"])
   devices = tuple(int(d) for d in entry["devices"])
-  features = shape[-1] if shape else 1
+  _, features = outlier.rows_and_features(shape)
   stats = {}
   for name in STATISTICS:
     array = np.asarray(entry[name], np.float64)
@@ -170,8 +170,8 @@ def mismatch(entry: SiteCalibration | None, index: int, location: str, shape, dt
   if entry.location != location:
     return f"calibrated site #{index} is at {entry.location!r}, this one at {location!r}"
   # Per-feature statistics hold for any number of rows: only the last dimension counts.
-  features = tuple(shape)[-1:] or (1,)
-  if entry.dtype != dtype or (entry.shape[-1:] or (1,)) != features:
+  _, features = outlier.rows_and_features(shape)
+  if entry.dtype != dtype or outlier.rows_and_features(entry.shape)[1] != features:
     return (f"shape {_dims(shape)} {dtype} differs from the calibrated "
             f"{_dims(entry.shape)} {entry.dtype} in its features (last dimension) or dtype")
   if entry.groups != tuple(tuple(g) for g in groups or ()):

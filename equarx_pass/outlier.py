@@ -102,12 +102,19 @@ class OutlierLayout:
     return 2 * (self.group_size - 1) * self.payload_bytes
 
 
+def rows_and_features(shape: Sequence[int]) -> tuple[int, int]:
+  """A tensor as a matrix: (rows = product of every dimension but the last, features =
+  the last dimension); a scalar is one row of one feature."""
+  shape = tuple(int(d) for d in shape)
+  if not shape:
+    return 1, 1
+  return int(np.prod(shape[:-1], dtype=np.int64)), shape[-1]
+
+
 def make_layout(shape: Sequence[int], group_size: int, outliers: Sequence[int]) -> OutlierLayout:
   """Rows = every dimension but the last; R = ceil(M / N), even when the int4 part
   of a row has an odd number of values (codes pack two per byte)."""
-  shape = tuple(int(d) for d in shape)
-  features = shape[-1] if shape else 1
-  num_rows = int(np.prod(shape[:-1], dtype=np.int64)) if shape else 1
+  num_rows, features = rows_and_features(shape)
   rows = max(1, -(-num_rows // group_size))
   if (features - len(outliers)) % 2 and rows % 2:
     rows += 1
