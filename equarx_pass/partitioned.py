@@ -60,7 +60,8 @@ class NotPartitionable(Exception):
 @dataclasses.dataclass
 class PartitionedRewrite:
   compiled: object              # the first compile (plain jax.jit's executable)
-  result: RewriteResult         # the rewritten per-device program and its site records
+  result: RewriteResult         # its site records; result.module's functions were moved
+                                # into `module` (_rebuild), so read the program there
   module: ir.Module | None      # the rebuilt global module; None when nothing was rewritten
   first_compile_seconds: float  # compiling the original to expose its per-device program
   pass_seconds: float           # converting, rewriting and rebuilding
