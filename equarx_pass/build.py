@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -161,47 +162,88 @@ class _Emitter:
 
   def quantize_rows(self, x, block: int, fmt: qz.Format) -> ir.Value:
     """f32 [rows, s] -> int8 payload [rows, code bytes + 4 * blocks]: codes, then scale bytes."""
+    return self.quantize_parts(self.block_parts(x, block, fmt), block, fmt)
+
+  # A row's parts: f32 [rows, s] is quantized as `count` parts [rows, s / count] of whole
+  # blocks, each with its own scales.  int4 rows of an even number of blocks have two,
+  # the row's halves, whose codes share bytes (quantize.nibble_group); else one, x itself.
+  def block_parts(self, x, block: int, fmt: qz.Format) -> list[ir.Value]:
+    """f32 [rows, s] -> its parts, sliced."""
     rows, s = _shape(x)
-    nb = s // block
-    blocks = self.reshape(x, (rows * nb, block))
-    # Qp1: block metadata.
-    amax = _reduce(self.magnitude(blocks), self.splat(0, (), self.f32), self.f32, 1, hlo.MaxOp)
-    scale = hlo.MulOp(amax, self.splat(qz.inverse(fmt.qmax), (rows * nb,), self.f32)).result
-    positive = hlo.CompareOp(scale, self.splat(0, (rows * nb,), self.f32),
-                             hlo.ComparisonDirectionAttr.get("GT")).result
-    safe = hlo.SelectOp(positive, scale, self.splat(1, (rows * nb,), self.f32)).result
-    reciprocal = hlo.MinOp(hlo.DivOp(self.splat(1, (rows * nb,), self.f32), safe).result,
-                           self.splat(qz.FLT_MAX, (rows * nb,), self.f32)).result
-    # Qp2: scale, clamp, cast.
-    scaled = hlo.MulOp(blocks, self.bcast(reciprocal, (rows * nb, block), [0])).result
+    count = _part_count(s, block, fmt)
+    w = s // count
+    return [x] if count == 1 else [self.slice(x, (0, i * w), (rows, (i + 1) * w))
+                                   for i in range(count)]
+
+  def dynamic_parts(self, chunks, row, col: int, width: int, block: int,
+                    fmt: qz.Format) -> list[ir.Value]:
+    """block_parts of chunks[row:row+1, col:col+width] (chunks [N, C], `row` a traced i32
+    scalar), each part a dynamic-slice of its own."""
+    count = _part_count(width, block, fmt)
+    w = width // count
+    return [self.dynamic_rows(chunks, row, col + i * w, 1, w) for i in range(count)]
+
+  def quantize_parts(self, parts: list[ir.Value], block: int, fmt: qz.Format) -> ir.Value:
+    """block_parts (f32) -> int8 payload [rows, code bytes + 4 * blocks]."""
+    rows, s = _shape(parts[0])[0], sum(_shape(part)[1] for part in parts)
+    codes, scales = [], []
+    for part in parts:
+      m = rows * _shape(part)[1] // block
+      blocks = self.reshape(part, (m, block))
+      # Qp1: block metadata.
+      amax = _reduce(self.magnitude(blocks), self.splat(0, (), self.f32), self.f32, 1, hlo.MaxOp)
+      scale = hlo.MulOp(amax, self.splat(qz.inverse(fmt.qmax), (m,), self.f32)).result
+      positive = hlo.CompareOp(scale, self.splat(0, (m,), self.f32),
+                               hlo.ComparisonDirectionAttr.get("GT")).result
+      safe = hlo.SelectOp(positive, scale, self.splat(1, (m,), self.f32)).result
+      reciprocal = hlo.MinOp(hlo.DivOp(self.splat(1, (m,), self.f32), safe).result,
+                             self.splat(qz.FLT_MAX, (m,), self.f32)).result
+      # Qp2: scale, clamp, cast.
+      codes.append(self._codes(blocks, reciprocal, fmt))
+      scales.append(scale)
+
+    def scale_bytes():
+      return [self.reshape(self.bitcast(scale, (_shape(scale)[0], 4), self.i8),
+                           (rows, _shape(scale)[0] // rows * 4)) for scale in scales]
+
+    if len(codes) == 1:
+      packed = self.reshape(codes[0], (rows, s))
+      if fmt.bits == 4:
+        packed = self.pack_int4(packed, qz.nibble_group(block, s))
+      return self.concat([packed] + scale_bytes(), 1)
+    # Two int4 halves: the payload's bytes are put together as rows of w (a divisor of
+    # every piece and of the block), so the fusion that writes the codes loops over
+    # [bytes / w, w].  Both halves' scales are then constant along the inner loop and
+    # XLA:CPU vectorizes it; over the flat [1, P] it made a scalar loop (9.7 vs 2.9 ms
+    # for a step of 4M values).  The int8 step vectorizes either way and was slower
+    # like this with f32 inputs, so it keeps the flat form.  The bytes are the same.
+    pieces = [self.or_nibbles(*[self.reshape(c, (rows, s // 2)) for c in codes])] + scale_bytes()
+    w = math.gcd(block, *[_shape(piece)[1] for piece in pieces])
+    payload = self.concat([self.reshape(piece, (rows, _shape(piece)[1] // w, w))
+                           for piece in pieces], 1)
+    return self.reshape(payload, (rows, sum(_shape(piece)[1] for piece in pieces)))
+
+  def _codes(self, x, reciprocal, fmt: qz.Format) -> ir.Value:
+    """f32 [m, w] times its row's reciprocal scale, clamped and cast: int8 codes [m, w]."""
+    scaled = hlo.MulOp(x, self.bcast(reciprocal, _shape(x), [0])).result
     clamped = hlo.ClampOp(self.splat(-fmt.qmax, (), self.f32), scaled,
                           self.splat(fmt.qmax, (), self.f32)).result
     if fmt.fp8:
-      f8 = _fp8_type(fmt)
-      codes = self.bitcast(self.convert(clamped, f8), (rows * nb, block), self.i8)
-    else:
-      codes = self.convert(hlo.RoundNearestEvenOp(clamped).result, self.i8)
-    codes = self.reshape(codes, (rows, s))
-    if fmt.bits == 4:
-      codes = self.pack_int4(codes, qz.nibble_group(block))
-    scale_bytes = self.reshape(self.bitcast(scale, (rows * nb, 4), self.i8), (rows, nb * 4))
-    return self.concat([codes, scale_bytes], 1)
+      return self.bitcast(self.convert(clamped, _fp8_type(fmt)), _shape(x), self.i8)
+    return self.convert(hlo.RoundNearestEvenOp(clamped).result, self.i8)
 
   def dequantize_rows(self, payload, s: int, block: int, fmt: qz.Format,
                       rotation_size: int = 0, requantized: bool = False) -> ir.Value:
     """int8 payload [rows, P] -> f32 [rows, s]; with a rotation size, also the
     inverse rotation, as rotation.dequantize_rotated does it (on the codes).
     requantized: the values feed a sum that is quantized again (unpack_int4's form)."""
-    rows, p = _shape(payload)
+    rows = _shape(payload)[0]
     nb = s // block
-    code_bytes = fmt.code_bytes(s)
-    codes = self.slice(payload, (0, 0), (rows, code_bytes))
-    scale_bytes = self.reshape(self.slice(payload, (0, code_bytes), (rows, p)), (rows * nb, 4))
-    scale = self.bitcast(scale_bytes, (rows * nb,), self.f32)
+    codes, scale = self._payload_fields(payload, s, block, fmt)
     if fmt.fp8:
       values = self.convert(self.bitcast(codes, (rows, s), _fp8_type(fmt)), self.f32)
     elif fmt.bits == 4:
-      values = self.convert(self.unpack_int4(codes, qz.nibble_group(block),
+      values = self.convert(self.unpack_int4(codes, qz.nibble_group(block, s),
                                              by_broadcast=not requantized), self.f32)
     else:
       values = self.convert(codes, self.f32)
@@ -211,10 +253,37 @@ class _Emitter:
                     self.bcast(scale, (rows * nb, block), [0])).result
     return self.reshape(out, (rows, s))
 
-  def accumulate(self, payload, local, block: int, fmt: qz.Format) -> ir.Value:
-    """A ring step's sum: Dq(payload) + local, f32 [rows, s] (XLA:CPU fuses it into one FMA)."""
-    values = self.dequantize_rows(payload, _shape(local)[1], block, fmt, requantized=True)
-    return hlo.AddOp(values, local).result
+  def _payload_fields(self, payload, s: int, block: int, fmt: qz.Format):
+    """int8 payload [rows, P] of rows of s values -> (code bytes [rows, B], f32 scales [rows * nb])."""
+    rows, p = _shape(payload)
+    nb = s // block
+    code_bytes = fmt.code_bytes(s)
+    codes = self.slice(payload, (0, 0), (rows, code_bytes))
+    scale_bytes = self.reshape(self.slice(payload, (0, code_bytes), (rows, p)), (rows * nb, 4))
+    return codes, self.bitcast(scale_bytes, (rows * nb,), self.f32)
+
+  def accumulate(self, payload, local: list[ir.Value], block: int,
+                 fmt: qz.Format) -> list[ir.Value]:
+    """A ring step's sum, Dq(payload) + local, as block_parts (XLA:CPU fuses each part's
+    sum into one FMA).  The int4 halves are unpacked apart: no concatenate."""
+    rows, s = _shape(local[0])[0], sum(_shape(part)[1] for part in local)
+    if len(local) == 1:
+      return [hlo.AddOp(self.dequantize_rows(payload, s, block, fmt, requantized=True),
+                        local[0]).result]
+    codes, scale = self._payload_fields(payload, s, block, fmt)
+    nb, w = s // block, s // 2
+    scale = self.reshape(scale, (rows, nb))
+    four = self.splat(4, (rows, w), self.i8)
+    halves = [hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(codes, four).result, four).result,
+              hlo.ShiftRightArithmeticOp(codes, four).result]
+    out = []
+    for i, (half, part) in enumerate(zip(halves, local)):
+      m = rows * nb // 2
+      part_scale = self.reshape(self.slice(scale, (0, i * nb // 2), (rows, (i + 1) * nb // 2)), (m,))
+      values = hlo.MulOp(self.reshape(self.convert(half, self.f32), (m, block)),
+                         self.bcast(part_scale, (m, block), [0])).result
+      out.append(hlo.AddOp(self.reshape(values, (rows, w)), part).result)
+    return out
 
   def pack_int4(self, q, group: int) -> ir.Value:
     """int8 [rows, s] in [-8, 7] -> [rows, s/2]: quantize.pack_int4 (value j of each
@@ -222,20 +291,26 @@ class _Emitter:
     rows, s = _shape(q)
     groups, half = rows * s // group, group // 2
     q = self.reshape(q, (groups, group))
-    low = hlo.AndOp(self.slice(q, (0, 0), (groups, half)),
-                    self.splat(0xF, (groups, half), self.i8)).result
-    high = hlo.ShiftLeftOp(self.slice(q, (0, half), (groups, group)),
-                           self.splat(4, (groups, half), self.i8)).result
-    return self.reshape(hlo.OrOp(low, high).result, (rows, s // 2))
+    packed = self.or_nibbles(self.slice(q, (0, 0), (groups, half)),
+                             self.slice(q, (0, half), (groups, group)))
+    return self.reshape(packed, (rows, s // 2))
+
+  def or_nibbles(self, low, high) -> ir.Value:
+    """Two int8 code tensors in [-8, 7] -> one: low & 0xF | high << 4."""
+    shape = _shape(low)
+    return hlo.OrOp(hlo.AndOp(low, self.splat(0xF, shape, self.i8)).result,
+                    hlo.ShiftLeftOp(high, self.splat(4, shape, self.i8)).result).result
 
   def unpack_int4(self, packed, group: int, by_broadcast: bool) -> ir.Value:
     """int8 [rows, s/2] -> int8 [rows, s], each nibble sign-extended: low = (b << 4) >>a 4,
     high = b >>a 4, the two halves of each group side by side.
 
     Two equal forms; which one XLA:CPU runs faster depends on where the unpack ends up
-    (measured: the int8 ring 122 ms, int4 230 -> 195 ms, 16M bf16 values on 4 devices):
-    - concatenated halves where a ring step's dequantize feeds the next quantize,
-      which XLA recomputes in two fusions (block magnitudes, then codes);
+    (session 5, int4 ring, 16M bf16 values on 4 devices: 230 -> 195 ms):
+    - concatenated halves where the values feed a sum that is quantized again, which
+      XLA recomputes in two fusions (block magnitudes, then codes): two-shot's sum,
+      and a ring step over rows of an odd number of blocks.  The usual ring step
+      unpacks its two halves apart and concatenates nothing (accumulate);
     - by_broadcast, every byte broadcast to [2, group/2] and shifted by 4 or 0, where
       one fusion writes the result: no concatenate's per-element select there.
     """
@@ -299,6 +374,13 @@ class _Emitter:
     (m,) = _shape(x)
     return self.butterflies(hlo.MulOp(x, self.splat(rotation.norm(size), (m,), self.f32)).result,
                             size)
+
+
+def _part_count(s: int, block: int, fmt: qz.Format) -> int:
+  """How many parts a row of s values is quantized in (_Emitter.block_parts): 2 for int4
+  rows of an even number of blocks, whose two halves pair in the code bytes
+  (quantize.nibble_group), else 1."""
+  return 2 if fmt.bits == 4 and (s // block) % 2 == 0 else 1
 
 
 def _fp8_type(fmt: qz.Format) -> ir.Type:
@@ -463,10 +545,11 @@ def emit_ring_step(payload: ir.Value, local: ir.Value, block: int,
 
   payload: int8 [1, P] as received; local: f32 [1, C], this rank's chunk.
   Returns the int8 [1, P] payload the next permute sends.  The reduce-scatter step's
-  own ops (_Emitter.accumulate, quantize_rows); tools/bench_gpu_step.py times them alone.
+  own ops (_Emitter.accumulate, quantize_parts); tools/bench_gpu_step.py times them alone.
   """
   em = _Emitter()
-  return em.quantize_rows(em.accumulate(payload, local, block, fmt), block, fmt)
+  parts = em.accumulate(payload, em.block_parts(local, block, fmt), block, fmt)
+  return em.quantize_parts(parts, block, fmt)
 
 
 def _rank(em, plan, coll) -> ir.Value:
@@ -497,27 +580,31 @@ def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size,
   ccw_rank = hlo.SubtractOp(em.i32_scalar(n - 1), rank).result
   rank_of = {1: rank, -1: ccw_rank}
   k = len(lanes)
+  # A lane's partial sum is carried as its block parts (_Emitter.block_parts): m values.
+  m = _part_count(lanes[0].size, block, fmt)
+
+  def local_parts(chunks_, row, lane):
+    return [widen(part) for part in em.dynamic_parts(chunks_, row, lane.offset, lane.size,
+                                                     block, fmt)]
 
   def rs_step(step, *carry):
-    partials, chunks_, ranks = list(carry[:k]), carry[k], {1: carry[k + 1], -1: carry[k + 2]}
+    partials = [list(carry[i * m:(i + 1) * m]) for i in range(k)]
+    chunks_, ranks = carry[k * m], {1: carry[k * m + 1], -1: carry[k * m + 2]}
     new = []
     for lane, partial in zip(lanes, partials):
-      received = coll.permute(em.quantize_rows(partial, block, fmt), lane.direction)
+      received = coll.permute(em.quantize_parts(partial, block, fmt), lane.direction)
       idx = em.mod(em.add_i32(hlo.SubtractOp(ranks[lane.direction], step).result, -1), n)
-      local = widen(em.dynamic_rows(chunks_, idx, lane.offset, 1, lane.size))
-      new.append(em.accumulate(received, local, block, fmt))
+      new += em.accumulate(received, local_parts(chunks_, idx, lane), block, fmt)
     return new + [chunks_, ranks[1], ranks[-1]]
 
-  partials = [widen(em.dynamic_rows(chunks, rank_of[lane.direction], lane.offset, 1, lane.size))
-              for lane in lanes]
+  partials = [part for lane in lanes for part in local_parts(chunks, rank_of[lane.direction], lane)]
   # A while loop must carry the chunks, and XLA copies all N of them into the loop's
   # buffer on every call; written out, each step slices the operand where it lies.
   loop = _unrolled if unrolled else _while
   carry = loop(partials + [chunks, rank, ccw_rank], n - 1, rs_step)
-  partials = carry[:k]
 
   # Final quantization, once; then the all-gather forwards bytes unchanged.
-  owns = [em.quantize_rows(p, block, fmt) for p in partials]
+  owns = [em.quantize_parts(list(carry[i * m:(i + 1) * m]), block, fmt) for i in range(k)]
   gathered = []
   for lane, own in zip(lanes, owns):
     empty = em.splat(0, (n, _shape(own)[1]), em.i8)

@@ -111,9 +111,15 @@ def _scaled(x: np.ndarray, block_size: int, fmt: Format):
   return v, scale
 
 
-def nibble_group(block_size: int) -> int:
-  """The int4 pairing group: the block when it is even, else 2 (neighbours pair)."""
-  return block_size if block_size % 2 == 0 else 2
+def nibble_group(block_size: int, row: int) -> int:
+  """The int4 pairing group of rows of `row` values (a multiple of the block).
+
+  The whole row when it holds an even number of blocks: its two halves are then
+  whole blocks, each contiguous and with its own scales, and XLA:CPU vectorizes
+  a ring step that reads them.  Otherwise the block (int4 blocks are even: the
+  policy refuses odd ones).
+  """
+  return row if (row // block_size) % 2 == 0 else block_size
 
 
 def pack_int4(q: np.ndarray, group: int) -> np.ndarray:
@@ -123,8 +129,8 @@ def pack_int4(q: np.ndarray, group: int) -> np.ndarray:
   nibble and value j + G/2 to the high nibble of byte j: both halves of a group
   are contiguous, so packing and unpacking are slices and broadcasts, not the
   stride-2 interleave that neighbouring pairs need (the int4 ring spent its
-  extra time there on XLA:CPU).  The ring pairs within a block
-  (nibble_group); the calibrated scheme within a whole chunk row.
+  extra time there on XLA:CPU).  quantize pairs within nibble_group (the two
+  halves of a row, as a rule); the calibrated scheme within a whole chunk row.
   """
   q = np.asarray(q, np.int8)
   halves = q.reshape(q.shape[:-1] + (q.shape[-1] // group, 2, group // 2)).astype(np.int32)
@@ -146,7 +152,8 @@ def quantize(x: np.ndarray, block_size: int, fmt: Format = INT8):
   """Qp1 + Qp2: (codes, scales f32 [..., blocks]).
 
   Codes are int8: one per value (int8, fp8 bits), or for int4 two per byte,
-  packed by pack_int4 within groups of nibble_group(block_size), along the last axis.
+  packed by pack_int4 within groups of nibble_group(block_size, S), along the last axis
+  (S values).
   """
   x = np.asarray(x, np.float32)
   v, scale = _scaled(x, block_size, fmt)
@@ -157,7 +164,7 @@ def quantize(x: np.ndarray, block_size: int, fmt: Format = INT8):
     # XLA converts NaN to 0 when casting to an integer; the NaN survives in the scale.
     q = np.where(np.isnan(v), np.float32(0), np.rint(v)).astype(np.int8).reshape(x.shape)
   if fmt.bits == 4:
-    q = pack_int4(q, nibble_group(block_size))
+    q = pack_int4(q, nibble_group(block_size, x.shape[-1]))
   return q, scale
 
 
@@ -168,7 +175,7 @@ def codes_to_f32(codes: np.ndarray, fmt: Format, block_size: int) -> np.ndarray:
   if fmt.fp8:
     return codes.view(fmt.numpy_fp8).astype(np.float32)
   if fmt.bits == 4:
-    return unpack_int4(codes, nibble_group(block_size)).astype(np.float32)
+    return unpack_int4(codes, nibble_group(block_size, 2 * codes.shape[-1])).astype(np.float32)
   return codes.astype(np.float32)
 
 

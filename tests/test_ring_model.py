@@ -248,18 +248,23 @@ def test_int4_packing_round_trips_and_pairs_the_two_halves_of_each_group(codes, 
   np.testing.assert_array_equal(as_bytes >> 4, halves[:, :, 1] & 0xF)
 
 
-def test_int4_codes_pair_within_a_block_and_neighbours_for_odd_blocks():
-  assert qz.nibble_group(128) == 128 and qz.nibble_group(2) == 2 and qz.nibble_group(3) == 2
+def test_int4_codes_pair_the_halves_of_a_row_or_of_its_one_block():
+  assert qz.nibble_group(128, 256) == 256 and qz.nibble_group(128, 1024) == 1024
+  assert qz.nibble_group(128, 128) == 128 and qz.nibble_group(128, 384) == 128
   x = np.array([7, 0, -7, 7], np.float32)          # one block of 4: codes = values
   q, scale = qz.quantize(x, 4, qz.INT4)
   assert scale[0] == np.float32(7) * qz.inverse(7)
   # Value 0 (7) low and value 2 (-7) high in byte 0; value 1 (0) low and value 3 (7) high in byte 1.
   np.testing.assert_array_equal(q.view(np.uint8), [0x7 | (0x9 << 4), 0x0 | (0x7 << 4)])
   np.testing.assert_array_equal(qz.codes_to_f32(q, qz.INT4, 4), [7, 0, -7, 7])
-  # An odd block packs neighbours: values 0 and 1 in byte 0.
-  q3, _ = qz.quantize(np.array([7, -7, 0, 7, 0, 0], np.float32), 3, qz.INT4)
-  np.testing.assert_array_equal(q3.view(np.uint8), [0x7 | (0x9 << 4), 0x0 | (0x7 << 4), 0])
-  np.testing.assert_array_equal(qz.codes_to_f32(q3, qz.INT4, 3), [7, -7, 0, 7, 0, 0])
+  # Two blocks of 2 (an even number): the row's halves pair, block 0 low, block 1 high.
+  q2, scale2 = qz.quantize(np.array([7, -7, 0, 7], np.float32), 2, qz.INT4)
+  assert scale2.shape == (2,)
+  np.testing.assert_array_equal(q2.view(np.uint8), [0x7 | (0x0 << 4), 0x9 | (0x7 << 4)])
+  np.testing.assert_array_equal(qz.codes_to_f32(q2, qz.INT4, 2), [7, -7, 0, 7])
+  # Rows are paired one by one: [2, 4] values pack to [2, 2] bytes, each row its halves.
+  rows, _ = qz.quantize(np.array([[7, -7, 0, 7], [0, 7, 7, -7]], np.float32), 2, qz.INT4)
+  np.testing.assert_array_equal(rows.view(np.uint8), [[0x07, 0x79], [0x70, 0x97]])
 
 
 def test_quantize_multiplies_by_the_reciprocal_like_xla():
