@@ -25,10 +25,12 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                            " --xla_force_host_platform_device_count=8").strip()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+import benchlib  # noqa: E402
 import equarx_pass  # noqa: E402
 from equarx_pass.examples import auto_sharded as ex  # noqa: E402
 
@@ -80,15 +82,16 @@ def main(argv=None):
                   ex.block_inputs(mesh), opts.flags, opts.reps)]
   print(f"flags: {opts.flags}; median of {opts.reps}; 8 CPU devices; times in seconds "
         "(lower + compile)")
-  print("| program | sites rewritten | jax.jit | equarx_pass.jit | = partitioning compile "
-        "+ pass + lower and rewritten compile | ratio | same by hand (shard_map + psum), "
-        "equarx_pass.jit | rel. error vs jax.jit | ranks identical |")
-  print("|---|---|---|---|---|---|---|---|---|")
-  for r in rows:
-    print(f"| {r['program']} | {r['sites']} | {r['plain']:.3f} | {r['equarx']:.3f} | "
-          f"{r['first']:.3f} + {r['pass_']:.3f} + {r['rewritten']:.3f} | "
-          f"{r['equarx'] / r['plain']:.1f}x | {r['hand']:.3f} | {r['err']:.2e} | "
-          f"{r['identical']} |")
+  columns = ["program", "sites rewritten", "jax.jit", "equarx_pass.jit",
+             "= partitioning compile + pass + lower and rewritten compile", "ratio",
+             "same by hand (shard_map + psum), equarx_pass.jit", "rel. error vs jax.jit",
+             "ranks identical"]
+  cells = [dict(zip(columns, [
+      r["program"], r["sites"], f"{r['plain']:.3f}", f"{r['equarx']:.3f}",
+      f"{r['first']:.3f} + {r['pass_']:.3f} + {r['rewritten']:.3f}",
+      f"{r['equarx'] / r['plain']:.1f}x", f"{r['hand']:.3f}", f"{r['err']:.2e}",
+      r["identical"]])) for r in rows]
+  print(benchlib.markdown_table(cells, columns))
 
 
 if __name__ == "__main__":
