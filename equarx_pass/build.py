@@ -605,11 +605,9 @@ def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size,
 
   # Final quantization, once; then the all-gather forwards bytes unchanged.
   owns = [em.quantize_parts(list(carry[i * m:(i + 1) * m]), block, fmt) for i in range(k)]
-  gathered = []
-  for lane, own in zip(lanes, owns):
-    empty = em.splat(0, (n, _shape(own)[1]), em.i8)
-    gathered.append(em.set_rows(empty, em.mod(em.add_i32(rank_of[lane.direction], 1 - n), n),
-                                own))
+  # The gather buffer starts as N copies of this rank's own chunk: its own row is then in
+  # place, and the all-gather overwrites every other one.
+  gathered = [em.bcast(own, (n, _shape(own)[1]), [0, 1]) for own in owns]
 
   def ag_step(step, *carry):
     currents, outs = list(carry[:k]), list(carry[k:2 * k])
