@@ -191,9 +191,7 @@ class Jitted:
           raise RewriteError(f"--equarx_partitioned=on: {e}") from None
         note = str(e)
     result = rewrite_module(module, self.policy)
-    tpu = None
-    if self.policy.compile_for:
-      tpu = compile_lib.compile_for_target(str(result.module), self.policy.compile_for)
+    tpu = self._compile_for_target(result.module)
     self._record(result.records, result.seconds, tpu, args, kwargs, note=note)
     if not result.modified:
       return lowered, None
@@ -209,15 +207,20 @@ class Jitted:
 
   def _rewrite_partitioned(self, lowered, args, kwargs):
     done = partitioned.rewrite_partitioned(lowered, self.policy)
-    tpu = None
-    if self.policy.compile_for and done.module is not None:
-      tpu = compile_lib.compile_for_target(str(done.module), self.policy.compile_for)
+    tpu = self._compile_for_target(done.module)
     self._record(done.result.records, done.pass_seconds, tpu, args, kwargs, route="partitioned",
                  first_compile_seconds=done.first_compile_seconds)
     if done.module is None:
       # Nothing rewritten: the first compile is plain jax.jit's executable; reuse it.
       return lowered, done.compiled
     return _jax_private.lowered_with_module(lowered, done.module), None
+
+  def _compile_for_target(self, module):
+    """--equarx_compile_for: the rewritten module compiled ahead of time for that
+    target (compile.compile_for_target's report), or None without the flag or module."""
+    if not self.policy.compile_for or module is None:
+      return None
+    return compile_lib.compile_for_target(str(module), self.policy.compile_for)
 
   def _record(self, records, seconds, tpu, args, kwargs, **extra) -> None:
     leaves = jax.tree_util.tree_leaves((args, kwargs))
