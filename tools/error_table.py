@@ -133,64 +133,75 @@ def load_activation_sites(path: str) -> list[tuple[np.ndarray, np.ndarray]]:
 
 
 def run_calibrated(clips, groups, values, activation_sites=None, seed=0) -> list[dict]:
-  """Rows of the calibrated scheme, on the data sets of run() (same seed, same test draws)."""
-  rows = []
+  """Rows of the calibrated scheme, on the data sets of run() (same seed, same test draws).
+
+  Each data set is calibrated once; only the clip changes between rows.  A row's seconds
+  count its data sets' calibration as well as the scheme's run.
+  """
   rng = np.random.default_rng(seed)
   sets = {n: make_data(n, values, rng) for n in groups}
+  calibrated = {(n, name): _calibrate_synthetic(data, rest, n, name, seed)
+                for n in groups for name, (data, rest) in sets[n].items()}
+  minilm = _calibrate_minilm(activation_sites) if activation_sites else None
+  rows = []
   for clip in clips:
     for n in groups:
       row = dict(scheme=calibrated_name(clip), flags=calibrated_flags(clip), n=n, seconds=0.0)
       for name, (data, rest) in sets[n].items():
+        entry, calibration_seconds = calibrated[(n, name)]
         start = time.perf_counter()
-        hot = None if rest is None else np.flatnonzero(~rest[:CHANNELS])
-        # Separate draws: the same distribution (and outlier channels), another stream.
-        draw_rng = np.random.default_rng([seed, n, 1 + (name == "outlier")])
-        batches = []
-        for _ in range(CALIBRATION_BATCHES):
-          x = draw_rng.standard_normal(data.shape).astype(np.float32).reshape(n, -1, CHANNELS)
-          if hot is not None:
-            x[:, :, hot] *= 100
-          batches.append(x)
-        test = data.reshape(n, -1, CHANNELS)
-        out, bits = calibrated_result(test, site_calibration(batches), clip)
+        out, bits = calibrated_result(data.reshape(n, -1, CHANNELS), entry, clip)
         exact = data.astype(np.float64).sum(0)
         row[name] = rel_err(out, exact)
         if rest is not None:
           row[name + "/rest"] = rel_err(out, exact, rest)
         row["bits"] = bits
-        row["seconds"] += time.perf_counter() - start
+        row["seconds"] += calibration_seconds + time.perf_counter() - start
       rows.append(row)
       print(_format_row(row), flush=True)
-    if activation_sites:
-      rows.append(_calibrated_minilm_row(clip, activation_sites))
+    if minilm:
+      rows.append(_calibrated_minilm_row(clip, minilm))
       print(_format_row(rows[-1]), flush=True)
   return rows
 
 
-def _calibrated_minilm_row(clip: float, sites) -> dict:
-  """Each site calibrated on one half of the sentences and measured on the other."""
-  errors, norms, bits = 0.0, 0.0, []
+def _calibrate_synthetic(data, rest, n: int, name: str, seed: int):
+  """(calibration, seconds) of one synthetic data set, from separate draws of the same
+  distribution (and outlier channels): another random stream."""
+  start = time.perf_counter()
+  hot = None if rest is None else np.flatnonzero(~rest[:CHANNELS])
+  draw_rng = np.random.default_rng([seed, n, 1 + (name == "outlier")])
+  batches = []
+  for _ in range(CALIBRATION_BATCHES):
+    x = draw_rng.standard_normal(data.shape).astype(np.float32).reshape(n, -1, CHANNELS)
+    if hot is not None:
+      x[:, :, hot] *= 100
+    batches.append(x)
+  return site_calibration(batches), time.perf_counter() - start
+
+
+def _calibrate_minilm(sites) -> list[tuple]:
+  """Per site and half of the sentences: (calibration from that half, the other half's data)."""
+  halves = []
   for x, sentence in sites:
     first = sentence < np.median(np.unique(sentence))
     for calib_half, test_half in ((first, ~first), (~first, first)):
-      entry = site_calibration([x[:, calib_half]])
-      out, b = calibrated_result(x[:, test_half], entry, clip)
-      exact = x[:, test_half].astype(np.float64).sum(0)
-      errors += float(np.sum((out.astype(np.float64) - exact) ** 2))
-      norms += float(np.sum(exact ** 2))
-      bits.append(b)
-  n = sites[0][0].shape[0]
+      halves.append((site_calibration([x[:, calib_half]]), x[:, test_half]))
+  return halves
+
+
+def _calibrated_minilm_row(clip: float, halves) -> dict:
+  """Each site calibrated on one half of the sentences and measured on the other."""
+  errors, norms, bits = 0.0, 0.0, []
+  for entry, test in halves:
+    out, b = calibrated_result(test, entry, clip)
+    exact = test.astype(np.float64).sum(0)
+    errors += float(np.sum((out.astype(np.float64) - exact) ** 2))
+    norms += float(np.sum(exact ** 2))
+    bits.append(b)
+  n = halves[0][1].shape[0]
   return dict(scheme=calibrated_name(clip), flags=calibrated_flags(clip), n=n,
               minilm=(errors / norms) ** 0.5, bits=float(np.mean(bits)))
-
-
-def load_activations(path: str) -> np.ndarray:
-  """All sites' per-device inputs, [devices, values], padding tokens dropped."""
-  data = np.load(path)
-  mask = data["mask"]
-  parts = [data[str(site)][:, mask, :].reshape(data[str(site)].shape[0], -1)
-           for site in data["sites"]]
-  return np.concatenate(parts, axis=1).astype(np.float32)
 
 
 def run(schemes, groups, values, activations=None, seed=0) -> list[dict]:
@@ -261,12 +272,14 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default="docs/error_table", help="output path prefix")
   args = parser.parse_args(argv)
   groups = [int(g) for g in args.groups.split(",")]
-  activations = load_activations(args.activations) if args.activations else None
+  sites = load_activation_sites(args.activations) if args.activations else None
+  # All sites' per-device inputs side by side, [devices, values].
+  activations = (np.concatenate([x.reshape(x.shape[0], -1) for x, _ in sites], axis=1)
+                 if sites else None)
   print(f"relative L2 error vs the float64 sum, {args.values} values per rank; "
         f"bits = bits per value on the wire (bf16 ring: 16)")
   rows = run(args.scheme or SCHEMES, groups, args.values, activations)
   if not args.scheme:
-    sites = load_activation_sites(args.activations) if args.activations else None
     rows += run_calibrated(CALIBRATED_CLIPS, groups, args.values, sites)
   os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
   with open(args.out + ".json", "w") as f:
