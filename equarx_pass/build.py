@@ -13,6 +13,7 @@ Emitted shape of one ring site (N ranks, chunk C, lanes l of s values, P_l paylo
   while s < N-1 (reduce-scatter), per lane:
                 partial_l = dq(permute_l(q(partial_l))) + x[(rank-s-1) mod N, lane l]
   own_l:[1,P_l] i8 = q(partial_l)     the one final quantization
+  out_l:[N,P_l] i8 = broadcast(own_l)  its own row in place; the loop fills the others
   while s < N-1 (all-gather), per lane:
                 cur_l = permute_l(cur_l); out_l[(rank-s) mod N] = cur_l
   result_i    = convert_T(reshape(slice(rotate(concat_l(dq(out_l))))))
@@ -22,6 +23,8 @@ Two loops per site, whatever the group size, keep the module small: the paper's
 step, so XLA can overlap one's transfer with another's arithmetic) and, for the
 bidirectional ring, the counter-clockwise half.  q() packs the codes and the f32
 scales (as bytes) into one int8 payload so a lane moves with a single permute.
+For int4 rows of an even number of blocks, partial_l is carried as its two halves,
+whose codes share the bytes (_Emitter.block_parts).
 Two-shot replaces both loops by all_to_all -> f32 sum loop -> all_gather.
 """
 
@@ -215,8 +218,9 @@ class _Emitter:
     # every piece and of the block), so the fusion that writes the codes loops over
     # [bytes / w, w].  Both halves' scales are then constant along the inner loop and
     # XLA:CPU vectorizes it; over the flat [1, P] it made a scalar loop (9.7 vs 2.9 ms
-    # for a step of 4M values).  The int8 step vectorizes either way and was slower
-    # like this with f32 inputs, so it keeps the flat form.  The bytes are the same.
+    # for a step of 4M values).  The int8 step is vectorized in the flat form already and
+    # was no faster in rows (the differences measured were within noise), so it keeps
+    # the flat form.  The bytes are the same.
     pieces = [self.or_nibbles(*[self.reshape(c, (rows, s // 2)) for c in codes])] + scale_bytes()
     w = math.gcd(block, *[_shape(piece)[1] for piece in pieces])
     payload = self.concat([self.reshape(piece, (rows, _shape(piece)[1] // w, w))
@@ -272,13 +276,13 @@ class _Emitter:
                         local[0]).result]
     codes, scale = self._payload_fields(payload, s, block, fmt)
     nb, w = s // block, s // 2
+    m = rows * nb // 2                    # blocks per half
     scale = self.reshape(scale, (rows, nb))
     four = self.splat(4, (rows, w), self.i8)
     halves = [hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(codes, four).result, four).result,
               hlo.ShiftRightArithmeticOp(codes, four).result]
     out = []
     for i, (half, part) in enumerate(zip(halves, local)):
-      m = rows * nb // 2
       part_scale = self.reshape(self.slice(scale, (0, i * nb // 2), (rows, (i + 1) * nb // 2)), (m,))
       values = hlo.MulOp(self.reshape(self.convert(half, self.f32), (m, block)),
                          self.bcast(part_scale, (m, block), [0])).result
