@@ -312,9 +312,10 @@ class _Emitter:
     Two equal forms; which one XLA:CPU runs faster depends on where the unpack ends up
     (session 5, int4 ring, 16M bf16 values on 4 devices: 230 -> 195 ms):
     - concatenated halves where the values feed a sum that is quantized again, which
-      XLA recomputes in two fusions (block magnitudes, then codes): two-shot's sum,
-      and a ring step over rows of an odd number of blocks.  The usual ring step
-      unpacks its two halves apart and concatenates nothing (accumulate);
+      XLA recomputes in two fusions (block magnitudes, then codes): two-shot's and the
+      calibrated scheme's sums, and a ring step over rows of an odd number of blocks.
+      The usual ring step unpacks its two halves apart and concatenates nothing
+      (accumulate);
     - by_broadcast, every byte broadcast to [2, group/2] and shifted by 4 or 0, where
       one fusion writes the result: no concatenate's per-element select there.
     """
@@ -384,7 +385,7 @@ def _part_count(s: int, block: int, fmt: qz.Format) -> int:
   """How many parts a row of s values is quantized in (_Emitter.block_parts): 2 for int4
   rows of an even number of blocks, whose two halves pair in the code bytes
   (quantize.nibble_group), else 1."""
-  return 2 if fmt.bits == 4 and (s // block) % 2 == 0 else 1
+  return 2 if fmt.bits == 4 and qz.pairs_row_halves(block, s) else 1
 
 
 def _fp8_type(fmt: qz.Format) -> ir.Type:

@@ -111,15 +111,22 @@ def _scaled(x: np.ndarray, block_size: int, fmt: Format):
   return v, scale
 
 
+def pairs_row_halves(block_size: int, row: int) -> bool:
+  """Whether int4 rows of `row` values pair their two halves: an even number of blocks,
+  so each half is whole blocks (the emitter then carries the halves apart)."""
+  return (row // block_size) % 2 == 0
+
+
 def nibble_group(block_size: int, row: int) -> int:
   """The int4 pairing group of rows of `row` values (a multiple of the block).
 
   The whole row when it holds an even number of blocks: its two halves are then
   whole blocks, each contiguous and with its own scales, and XLA:CPU vectorizes
-  a ring step that reads them.  Otherwise the block (int4 blocks are even: the
-  policy refuses odd ones).
+  a ring step that reads them.  Otherwise the block, which is then even (a row of
+  an odd number of odd blocks has an odd number of values: no int4 layout makes
+  one; scheme.py refuses the flags that would).
   """
-  return row if (row // block_size) % 2 == 0 else block_size
+  return row if pairs_row_halves(block_size, row) else block_size
 
 
 def pack_int4(q: np.ndarray, group: int) -> np.ndarray:
@@ -153,7 +160,8 @@ def quantize(x: np.ndarray, block_size: int, fmt: Format = INT8):
 
   Codes are int8: one per value (int8, fp8 bits), or for int4 two per byte,
   packed by pack_int4 within groups of nibble_group(block_size, S), along the last axis
-  (S values).
+  (S values).  The int4 pairing depends on S: quantize a whole row at once, as the
+  emitter does (a [N, S] array is N rows), and decode it whole (codes_to_f32).
   """
   x = np.asarray(x, np.float32)
   v, scale = _scaled(x, block_size, fmt)

@@ -151,6 +151,12 @@ def test_flags_and_policy_override_env(monkeypatch):
     ("--equarx_compile_for=gpu", "--equarx_compile_for"),
     ("equarx_enable", "equarx_enable"),                        # no leading --
     ("--equarx_enable '--equarx_min_bytes=1", "--equarx_min_bytes=1"),   # unbalanced quote
+    # Grid lanes must be whole blocks (blocks may be odd), and for int4 at least two.
+    ("--equarx_block_layout=grid --equarx_algorithm=bidirectional --equarx_microshards=1024",
+     "at most 1024 lanes"),
+    ("--equarx_block_layout=grid --equarx_format=int4 --equarx_algorithm=ring "
+     "--equarx_microshards=1024",
+     "at most 512 lanes"),
 ])
 def test_bad_flags_raise_flag_error_naming_the_flag(monkeypatch, flags, named):
   with pytest.raises(equarx_pass.FlagError, match=named):
