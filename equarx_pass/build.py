@@ -278,11 +278,8 @@ class _Emitter:
     nb, w = s // block, s // 2
     m = rows * nb // 2                    # blocks per half
     scale = self.reshape(scale, (rows, nb))
-    four = self.splat(4, (rows, w), self.i8)
-    halves = [hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(codes, four).result, four).result,
-              hlo.ShiftRightArithmeticOp(codes, four).result]
     out = []
-    for i, (half, part) in enumerate(zip(halves, local)):
+    for i, (half, part) in enumerate(zip(self.nibbles(codes), local)):
       part_scale = self.reshape(self.slice(scale, (0, i * nb // 2), (rows, (i + 1) * nb // 2)), (m,))
       values = hlo.MulOp(self.reshape(self.convert(half, self.f32), (m, block)),
                          self.bcast(part_scale, (m, block), [0])).result
@@ -298,6 +295,12 @@ class _Emitter:
     packed = self.or_nibbles(self.slice(q, (0, 0), (groups, half)),
                              self.slice(q, (0, half), (groups, group)))
     return self.reshape(packed, (rows, s // 2))
+
+  def nibbles(self, b) -> list[ir.Value]:
+    """int8 bytes -> [low nibbles, high nibbles], each sign-extended: (b << 4) >>a 4, b >>a 4."""
+    four = self.splat(4, _shape(b), self.i8)
+    return [hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(b, four).result, four).result,
+            hlo.ShiftRightArithmeticOp(b, four).result]
 
   def or_nibbles(self, low, high) -> ir.Value:
     """Two int8 code tensors in [-8, 7] -> one: low & 0xF | high << 4."""
@@ -328,10 +331,7 @@ class _Emitter:
       up = hlo.ShiftLeftOp(self.bcast(b, shape, [0, 2]), shift).result
       both = hlo.ShiftRightArithmeticOp(up, self.splat(4, shape, self.i8)).result
     else:
-      four = self.splat(4, (groups, half), self.i8)
-      low = hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(b, four).result, four).result
-      high = hlo.ShiftRightArithmeticOp(b, four).result
-      both = self.concat([low, high], 1)
+      both = self.concat(self.nibbles(b), 1)
     return self.reshape(both, (rows, 2 * half_row))
 
   def butterflies(self, x, size: int) -> ir.Value:
