@@ -65,10 +65,10 @@ class Scheme:
     if self.format == "int4" and self.block_layout == "fixed" and self.block_size % 2:
       raise ValueError(f"int4 packs two values per byte: the block size must be even, "
                        f"got {self.block_size}")
-    lanes = self.microshards * self.directions
     if self.block_layout == "grid":
       # A grid chunk is 1024 blocks of chunk / 1024 values, which may be odd: each lane
       # needs whole blocks, and for int4 an even number of values, so two blocks or more.
+      lanes = self.microshards * self.directions
       most = ring.GRID_SCALES // (2 if self.format == "int4" else 1)
       if lanes > most:
         raise ValueError(f"the grid layout's {ring.GRID_SCALES} blocks per chunk allow at most "
