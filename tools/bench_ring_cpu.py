@@ -26,14 +26,6 @@ RING = "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none"
 SCHEMES = (RING, RING + " --equarx_format=int4")
 
 
-def _count(n: int) -> str:
-  """16777216 -> '16M', 65536 -> '64K'."""
-  for suffix, size in (("M", 1 << 20), ("K", 1 << 10)):
-    if n % size == 0:
-      return f"{n // size}{suffix}"
-  return str(n)
-
-
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--devices", type=int, default=4)
@@ -55,6 +47,7 @@ def main(argv=None) -> int:
   from bf16_ring import bf16_ring_allreduce
 
   values = benchlib.parse_size(args.values)
+  count = benchlib.fmt_bytes(values).replace("B", "")     # "16 Mi", as bench_gpu_step prints it
   n = args.devices
   schemes, missing = benchlib.split_schemes(args.scheme or SCHEMES)
   mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
@@ -98,7 +91,7 @@ def main(argv=None) -> int:
                 for r in rows]
   print(benchlib.table(table_rows, columns,
                        f"all-reduce compute, {n} CPU devices in one process, "
-                       f"{_count(values)} values per device"))
+                       f"{count} values per device"))
   for scheme, why in missing.items():
     print(f"  {scheme}: {why}")
   benchlib.write_results(args.out, rows, table_rows, columns, devices=n, values=values,
@@ -111,7 +104,7 @@ def main(argv=None) -> int:
       mine = [r for r in rows if r["dtype"] == dtype_name]
       ax.barh([r["program"] for r in mine], [r["median_ms"] for r in mine])
       ax.set_xlabel("median ms per call")
-      ax.set_title(f"{dtype_name}, {n} devices, {_count(values)} values each")
+      ax.set_title(f"{dtype_name}, {n} devices, {count} values each")
     benchlib.save_plot(fig, os.path.splitext(args.out)[0] + ".png")
   return 0
 
