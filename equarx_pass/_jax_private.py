@@ -45,6 +45,15 @@ def lowered_with_module(lowered, module: ir.Module):
                         out_types=lowered._out_types)
 
 
+def lowered_platform(lowered) -> str:
+  """The platform ("cpu", "gpu", "tpu") `lowered` will be compiled for.
+
+  Private: jax.stages.Lowered._lowering.compile_args["backend"], the PjRt client
+  the compile uses (JAX's public API names the default backend, not this one's).
+  """
+  return lowered._lowering.compile_args["backend"].platform
+
+
 def _lowering_copy(lowered, module: ir.Module, compile_args: dict):
   """A copy of lowered's pxla.MeshComputation with `module` and no executable yet."""
   new = copy.copy(lowered._lowering)

@@ -190,7 +190,7 @@ class Jitted:
         if self.policy.partitioned == "on":
           raise RewriteError(f"--equarx_partitioned=on: {e}") from None
         note = str(e)
-    result = rewrite_module(module, self.policy)
+    result = rewrite_module(module, self.policy, _jax_private.lowered_platform(lowered))
     tpu = self._compile_for_target(result.module)
     self._record(result.records, result.seconds, tpu, args, kwargs, note=note)
     if not result.modified:

@@ -76,7 +76,7 @@ def rewrite_partitioned(lowered, policy: Policy) -> PartitionedRewrite:
   original = lowered.compiler_ir("stablehlo")
   mesh_name, mesh = _only_mesh(original)
   per_device = _per_device_module(hlo_text, original)
-  result = rewrite_module(per_device, policy)
+  result = rewrite_module(per_device, policy, _jax_private.lowered_platform(lowered))
   module = None
   if result.modified:
     in_shardings, out_shardings = _jax_private.executable_shardings(compiled)

@@ -24,6 +24,10 @@ BLOCK_LAYOUTS = ("fixed", "grid")
 # StableHLO, in the per-device program after SPMD partitioning, or (auto) in the
 # latter only when the former has none.
 PARTITIONED_MODES = ("auto", "on", "off")
+# Whether each rewritten all-reduce becomes a private function called out of line
+# (rewrite.py): on, off, or (auto) only for a program compiled for XLA:CPU, the
+# backend where it was measured (BUILD_NOTES, "Compile-time decisions").
+OUTLINE_MODES = ("auto", "on", "off")
 # Bytes per element of each selectable element type (MLIR spelling).
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
@@ -52,6 +56,7 @@ class Policy:
   report: bool = False          # print the site table after each rewrite
   compile_for: str = ""         # e.g. "tpu:v5e:2x2": also compile for that topology
   partitioned: str = "auto"     # equarx_pass.jit: rewrite the partitioned program (auto|on|off)
+  outline: str = "auto"         # each site a function called out of line (auto|on|off)
   calibration: str = ""         # a calibration file (equarx_pass.calibrate): its sites use
                                 # static int4 scales with bf16 outlier features
   calibration_clip: float = 0.0  # > 0: static range = min(range, this x rms) per feature
@@ -72,7 +77,8 @@ class Policy:
                                  ("algorithm", self.algorithm, ALGORITHMS),
                                  ("rotation", self.rotation, ROTATIONS),
                                  ("block_layout", self.block_layout, BLOCK_LAYOUTS),
-                                 ("partitioned", self.partitioned, PARTITIONED_MODES)):
+                                 ("partitioned", self.partitioned, PARTITIONED_MODES),
+                                 ("outline", self.outline, OUTLINE_MODES)):
       if value not in choices:
         raise FlagError(f"--equarx_{flag} must be one of {','.join(choices)}, got {value!r}")
     try:
@@ -91,6 +97,11 @@ class Policy:
     from equarx_pass.scheme import Scheme
     return Scheme(self.algorithm, self.format, self.block_size, self.block_layout,
                   self.rotation, self.rotation_size, self.microshards)
+
+  def outlines(self, platform: str | None) -> bool:
+    """Whether rewritten sites become out-of-line calls in a program that will be
+    compiled for `platform` (a JAX platform name, "cpu"; None: not known)."""
+    return self.outline == "on" or (self.outline == "auto" and platform == "cpu")
 
   @classmethod
   def from_flags(cls, flags: str | None, base: Policy | None = None) -> Policy:
@@ -205,6 +216,10 @@ FLAGS = {f.name: f for f in [
     Flag("equarx_partitioned", "partitioned", _parse_str,
          "equarx_pass.jit: rewrite the all-reduces the SPMD partitioner inserts: "
          "auto (when the lowered program has none), on, off"),
+    Flag("equarx_outline", "outline", _parse_str,
+         "emit each rewritten all-reduce as a private function called out of line (a nested "
+         "computation for XLA, which compiles large programs faster on XLA:CPU): auto (when "
+         "equarx_pass.jit compiles for CPU), on, off"),
     Flag("equarx_calibration", "calibration", _parse_str,
          "calibration file of equarx_pass.calibrate: its sites get static int4 scales and "
          "bf16 outlier features; the others the dynamic scheme"),

@@ -15,6 +15,7 @@ import time
 
 import numpy as np
 from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import func
 
 from equarx_pass import build, calibration, match, outlier, ring
 from equarx_pass.errors import RewriteError, VerifyError
@@ -92,9 +93,15 @@ def copy_module(module: ir.Module) -> ir.Module:
   return ir.Module.parse(buffer.getvalue(), context=module.context)
 
 
-def rewrite_module(module: ir.Module, policy: Policy) -> RewriteResult:
-  """Rewrite the all-reduces of a copy of `module` that `policy` selects."""
+def rewrite_module(module: ir.Module, policy: Policy,
+                   platform: str | None = None) -> RewriteResult:
+  """Rewrite the all-reduces of a copy of `module` that `policy` selects.
+
+  platform: the JAX platform the result will be compiled for ("cpu", "gpu", "tpu"),
+  when known; with --equarx_outline=auto, sites are outlined only for "cpu".
+  """
   start = time.perf_counter()
+  outline = policy.outlines(platform)
   out = copy_module(module)
   facts = match.module_facts(out)
   ops = match.find_all_reduces(out)
@@ -107,28 +114,33 @@ def rewrite_module(module: ir.Module, policy: Policy) -> RewriteResult:
     with out.context:
       for cand in candidates:
         if cand.site.index in calibrated:
-          _replace_calibrated(cand, channels, calibrated[cand.site.index])
+          _replace_calibrated(cand, channels, calibrated[cand.site.index], outline)
         else:
-          _replace(cand, channels, policy)
+          _replace(cand, channels, policy, outline)
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start)
 
 
-def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Policy) -> None:
+def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Policy,
+             outline: bool) -> None:
   plan = build.RingPlan(cand.layout, cand.schedule, cand.site.device_kind,
                         cand.site.num_devices, policy.scheme,
                         unrolled=cand.site.nbytes >= policy.unroll_min_bytes)
   _emit_in_place(cand, lambda operands: build.emit_allreduce(operands, plan, channels),
                  "the quantized ring", "rerun without --equarx_enable or exclude it with "
-                 "--equarx_max_bytes/--equarx_dtypes")
+                 "--equarx_max_bytes/--equarx_dtypes", outline)
 
 
-def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str) -> None:
-  """Emit the replacement at the all-reduce, rewire its uses, erase it."""
+def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str, outline: bool) -> None:
+  """Emit the replacement at the all-reduce (or in a function it calls), rewire its
+  uses, erase it."""
   op = cand.op
   try:
     with op.location, ir.InsertionPoint(op):
-      new_values = emit(list(op.operands))
+      if outline:
+        new_values = _emit_outlined(op, f"equarx_allreduce_{cand.site.index}", emit)
+      else:
+        new_values = emit(list(op.operands))
   except Exception as e:
     raise RewriteError(
         f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit "
@@ -136,6 +148,50 @@ def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str) -> None:
   for old, new in zip(op.results, new_values):
     old.replace_all_uses_with(new)
   op.erase()
+
+
+# The frontend attribute that XLA's CallInliner honours: a call carrying it stays a
+# call, so its callee stays a computation of its own.
+NOT_INLINEABLE = {"inlineable": "false"}
+
+
+def _emit_outlined(op, name: str, emit) -> list[ir.Value]:
+  """Emit the replacement into a new private function at the end of the module, and call
+  it out of line at the insertion point.
+
+  Why: XLA compiles the site as a nested computation (on XLA:CPU, a thunk sequence of
+  its own) instead of adding ~40 instructions per site to the caller.  XLA's analyses of
+  one computation (fusion, copy insertion, the CPU runtime's dependency graph of its
+  thunks) grow faster than its size, so a 256-site program compiles markedly faster
+  (BUILD_NOTES, "Compile-time decisions").  The same ops run in the same order: the bits
+  do not change.
+  """
+  caller = op.operation.parent
+  while caller.name != "func.func":
+    caller = caller.parent
+  name = _fresh_symbol(caller.parent, name)
+  operand_types = [v.type for v in op.operands]
+  result_types = [v.type for v in op.results]
+  with ir.InsertionPoint(caller.parent.regions[0].blocks[0]):
+    callee = func.FuncOp(name, ir.FunctionType.get(operand_types, result_types))
+  callee.attributes["sym_visibility"] = ir.StringAttr.get("private")
+  body = callee.add_entry_block()
+  with ir.InsertionPoint(body):
+    func.ReturnOp(emit(list(body.arguments)))
+  call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), list(op.operands))
+  call.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(
+      {k: ir.StringAttr.get(v) for k, v in NOT_INLINEABLE.items()})
+  return list(call.results)
+
+
+def _fresh_symbol(module_op, base: str) -> str:
+  """`base`, or base_2, base_3, ... if the module already has a symbol of that name."""
+  table = ir.SymbolTable(module_op)
+  name, n = base, 1
+  while name in table:
+    n += 1
+    name = f"{base}_{n}"
+  return name
 
 
 def _calibrated_plans(candidates: list[match.Candidate], policy: Policy,
@@ -190,9 +246,9 @@ def _calibrated_plan(cand: match.Candidate, entry: calibration.SiteCalibration,
 
 
 def _replace_calibrated(cand: match.Candidate, channels: build.ChannelAllocator,
-                        plan: build.CalibratedPlan) -> None:
+                        plan: build.CalibratedPlan, outline: bool) -> None:
   _emit_in_place(cand, lambda operands: build.emit_calibrated_allreduce(operands, plan, channels),
-                 "the calibrated scheme", "rerun without --equarx_calibration")
+                 "the calibrated scheme", "rerun without --equarx_calibration", outline)
 
 
 def verify(module: ir.Module) -> None:

@@ -149,6 +149,7 @@ def test_flags_and_policy_override_env(monkeypatch):
     ("--noequarx_min_bytes", "--noequarx_min_bytes"),          # negation is for booleans
     ("--equarx_format=int3", "--equarx_format"),
     ("--equarx_compile_for=gpu", "--equarx_compile_for"),
+    ("--equarx_outline=yes", "--equarx_outline"),
     ("equarx_enable", "equarx_enable"),                        # no leading --
     ("--equarx_enable '--equarx_min_bytes=1", "--equarx_min_bytes=1"),   # unbalanced quote
     # Grid lanes must be whole blocks (blocks may be odd), and for int4 at least two.
@@ -192,7 +193,8 @@ def policies(draw):
       block_layout=draw(st.sampled_from(policy_lib.BLOCK_LAYOUTS)),
       report=draw(st.booleans()),
       compile_for=draw(st.sampled_from(["", "tpu:v5e:2x2", "tpu:v4:2x2x1"])),
-      partitioned=draw(st.sampled_from(policy_lib.PARTITIONED_MODES)))
+      partitioned=draw(st.sampled_from(policy_lib.PARTITIONED_MODES)),
+      outline=draw(st.sampled_from(policy_lib.OUTLINE_MODES)))
   try:
     return equarx_pass.Policy(**fields)
   except equarx_pass.FlagError:
@@ -345,6 +347,18 @@ def test_lower_compile_runs_the_rewritten_program():
   assert_bits_equal(compiled(x), expected(x))
   assert_bits_equal(w(x), expected(x))
   assert len(w.report.lowerings) == 1
+
+
+@pytest.mark.parametrize("outline, calls", [("auto", 1), ("on", 1), ("off", 0)])
+def test_outlined_site_stays_a_call_on_cpu_with_the_same_bits(outline, calls):
+  """--equarx_outline: on XLA:CPU (auto) the site is a function that XLA keeps as a call
+  (a nested computation); the bits are the model's either way."""
+  w = equarx_pass.jit(PSUM, flags=f"{ON} --equarx_outline={outline}")
+  x = data()
+  lowered = w.lower(x)
+  assert lowered.as_text().count('inlineable = "false"') == calls
+  assert lowered.compile().as_text().count(" call(") == calls
+  assert_bits_equal(w(x), expected(x))
 
 
 def test_report_flag_prints_the_site_table(capsys):
