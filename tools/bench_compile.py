@@ -229,25 +229,26 @@ def main() -> int:
     return 0
   if args.quick:
     args.layers = 16
-  schemes = args.scheme or [benchlib.RING, "--equarx_enable"]
-  ok, missing = benchlib.split_schemes(schemes)
+  # Every program gets every --scheme.  Without --scheme: the default scheme, and under
+  # scan also the int8 ring (the unrolled programs take minutes per compile).
+  ok, missing = benchlib.split_schemes(args.scheme or ["--equarx_enable", benchlib.RING])
+  unrolled_schemes = ok if args.scheme else ok[:1]
   # Which compiles, and why each.  A TPU compile of the rewritten unrolled model
   # takes many minutes (seconds per site), so TPU compiles are done for the scan.
-  first = ok[:1]
   configs = []
   def add(model, scanned, schemes_, tpu="", xla_flags=""):
     for s in [""] + list(schemes_):
       configs.append(dict(model=model, layers=args.layers, scanned=scanned, scheme=s, tpu=tpu,
                           xla_flags=xla_flags))
   if "train" in args.programs:
-    add("train", False, first)                    # the 256-site module
+    add("train", False, unrolled_schemes)         # the 256-site module
   if "scan" in args.programs:
     add("train", True, ok, tpu=args.tpu)          # the same model under scan: 4 sites
   if "forward" in args.programs and not args.quick:
-    add("forward", False, first)                  # a small original: 128 sites
+    add("forward", False, unrolled_schemes)       # a small original: 128 sites
   if "forward-O0" in args.programs and not args.quick:
     # Where the time goes: the same compiles with LLVM's optimisation off.
-    add("forward", False, first, xla_flags="--xla_backend_optimization_level=0")
+    add("forward", False, unrolled_schemes, xla_flags="--xla_backend_optimization_level=0")
   print(f"{len(configs)} compiles of a {args.layers}-layer model in child processes "
         f"(about {args.layers * 0.16 + 1:.0f} min on 2 cores)", flush=True)
   rows = []

@@ -66,6 +66,8 @@ def scheme_label(flags: str) -> str:
   default_unroll = getattr(equarx_pass.Policy, "unroll_min_bytes", None)
   if default_unroll is not None and p.unroll_min_bytes != default_unroll:
     parts.append(f"unroll>={p.unroll_min_bytes}")
+  if get("outline", "auto") != "auto":
+    parts.append(f"outline={p.outline}")
   return " ".join(parts)
 
 
