@@ -1,8 +1,9 @@
 """rewrite + verify: replace every selected all-reduce, on a copy, and check the result.
 
 `rewrite_module` never mutates its input.  It copies the module, matches every
-all-reduce (match.py), emits the quantized ring for each candidate (build.py),
-verifies the copy, and returns it with one SiteRecord per all-reduce.  Any
+all-reduce (match.py), emits the quantized ring for each candidate (build.py) in
+place of the all-reduce or, with --equarx_outline, into a private function called
+there, verifies the copy, and returns it with one SiteRecord per all-reduce.  Any
 failure raises and the half-rewritten copy is dropped, so a caller only ever
 sees the original module or a complete, verified rewrite.
 """

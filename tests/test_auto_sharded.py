@@ -70,6 +70,11 @@ def test_tp_mlp_compiler_inserted_all_reduce_is_rewritten(x_spec):
 
   assert got.sharding == plain(*args).sharding
   assert shards_identical(got)
+  # Outlined on CPU (auto), through the move into the rebuilt module; inline, the same bits.
+  assert "call @equarx_per_device_equarx_allreduce_0(" in fn.lower(*args).as_text()
+  inline = equarx_pass.jit(mlp, flags=ON + " --equarx_outline=off")
+  assert "equarx_allreduce" not in inline.lower(*args).as_text()
+  assert np.asarray(inline(*args)).tobytes() == np.asarray(got).tobytes()
   exact = mlp(*f64(args))
   err = relative_error(got, exact)
   assert err > 1e-4                                          # it did quantize

@@ -361,6 +361,14 @@ def test_outlined_site_stays_a_call_on_cpu_with_the_same_bits(outline, calls):
   assert_bits_equal(w(x), expected(x))
 
 
+def test_outline_auto_is_on_only_for_cpu():
+  auto, on, off = (equarx_pass.Policy(outline=m) for m in ("auto", "on", "off"))
+  assert [auto.outlines(p) for p in ("cpu", "gpu", "cuda", "tpu", None)] == \
+      [True, False, False, False, False]
+  assert all(on.outlines(p) for p in ("cpu", "gpu", None))
+  assert not any(off.outlines(p) for p in ("cpu", "gpu", None))
+
+
 def test_report_flag_prints_the_site_table(capsys):
   w = equarx_pass.jit(PSUM, flags=ON + " --equarx_report")
   w(data())

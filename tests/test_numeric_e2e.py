@@ -254,7 +254,9 @@ def test_pmap_psum(dtype):
   check_invariants(np.asarray(got), x, groups, 128)
 
 
-def test_psum_in_scan_body():
+@pytest.mark.parametrize("outline", ["auto", "off"])
+def test_psum_in_scan_body(outline):
+  """Outlined (the CPU default) and inline (what GPU and TPU programs get): the model's bits."""
   mesh = MESHES["8"]
 
   def body(xs):                                 # xs: [1, T, K] on each device
@@ -265,11 +267,13 @@ def test_psum_in_scan_body():
     _, ys = jax.lax.scan(step, jnp.zeros_like(xs[0, 0]), xs[0])
     return ys[None]
   g = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
-  w = equarx_pass.jit(g, flags=flags(128))
+  w = equarx_pass.jit(g, flags=flags(128) + f" --equarx_outline={outline}")
   xs = gaussian(np.random.default_rng(5), (4, 300), np.float32, (8,))
   got = np.asarray(w(xs))
   assert [r.decision for r in w.report.records] == ["rewritten"]
-  assert "stablehlo.all_reduce" not in w.lower(xs).as_text()
+  text = w.lower(xs).as_text()
+  assert "stablehlo.all_reduce" not in text
+  assert ("call @equarx_allreduce_0(" in text) == (outline == "auto")
 
   carry = [np.zeros(300, np.float32) for _ in range(8)]
   for t in range(4):

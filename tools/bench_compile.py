@@ -1,6 +1,8 @@
 """Pass time and compile time on a model-sized module: a 64-layer tensor-parallel transformer.
 
     python tools/bench_compile.py              # about 15 minutes on 2 cores
+    (each --scheme given goes to every program; without one, the unrolled programs get
+    the default scheme only, and the scan also the int8 ring)
     python tools/bench_compile.py --quick      # 16 layers, about 1.5 minutes
 
 The model is a Megatron-style transformer on 8 CPU devices with a psum after

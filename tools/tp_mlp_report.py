@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     values = sum(int(np.prod(s)) for r in done for s in r.shapes)
     bits = 8 * sum(r.bytes_after for r in done) / (values * 2 * (n - 1) / n)
     module = jax.jit(program).lower(x, w1, w2).compiler_ir("stablehlo")
-    times = [equarx_pass.rewrite_module(module, fn.policy).seconds for _ in range(args.repeat)]
+    times = [equarx_pass.rewrite_module(module, fn.policy, "cpu").seconds for _ in range(args.repeat)]
     sites = f"{len(done)}/{len(records)}"
     print(f"{fn.policy.scheme.describe():<60} {sites:>7} {err:>11.2e} "
           f"{str(identical):>9} {bits:>15.2f} {statistics.median(times) * 1e3:>8.2f}")
