@@ -102,8 +102,8 @@ def rewrite_module(module: ir.Module, policy: Policy,
   when known; with --equarx_outline=auto, sites are outlined only for "cpu".
   """
   start = time.perf_counter()
-  outline = policy.outlines(platform)
   out = copy_module(module)
+  outline_into = out if policy.outlines(platform) else None
   facts = match.module_facts(out)
   ops = match.find_all_reduces(out)
   decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
@@ -115,31 +115,33 @@ def rewrite_module(module: ir.Module, policy: Policy,
     with out.context:
       for cand in candidates:
         if cand.site.index in calibrated:
-          _replace_calibrated(cand, channels, calibrated[cand.site.index], outline)
+          _replace_calibrated(cand, channels, calibrated[cand.site.index], outline_into)
         else:
-          _replace(cand, channels, policy, outline)
+          _replace(cand, channels, policy, outline_into)
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start)
 
 
 def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Policy,
-             outline: bool) -> None:
+             outline_into: ir.Module | None) -> None:
   plan = build.RingPlan(cand.layout, cand.schedule, cand.site.device_kind,
                         cand.site.num_devices, policy.scheme,
                         unrolled=cand.site.nbytes >= policy.unroll_min_bytes)
   _emit_in_place(cand, lambda operands: build.emit_allreduce(operands, plan, channels),
                  "the quantized ring", "rerun without --equarx_enable or exclude it with "
-                 "--equarx_max_bytes/--equarx_dtypes", outline)
+                 "--equarx_max_bytes/--equarx_dtypes", outline_into)
 
 
-def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str, outline: bool) -> None:
-  """Emit the replacement at the all-reduce (or in a function it calls), rewire its
-  uses, erase it."""
+def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str,
+                   outline_into: ir.Module | None) -> None:
+  """Emit the replacement at the all-reduce (or, given a module to outline into, in a
+  function of it that the all-reduce's place calls), rewire its uses, erase it."""
   op = cand.op
   try:
     with op.location, ir.InsertionPoint(op):
-      if outline:
-        new_values = _emit_outlined(op, f"equarx_allreduce_{cand.site.index}", emit)
+      if outline_into is not None:
+        new_values = _emit_outlined(op, outline_into, f"equarx_allreduce_{cand.site.index}",
+                                    emit)
       else:
         new_values = emit(list(op.operands))
   except Exception as e:
@@ -151,12 +153,7 @@ def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str, outline:
   op.erase()
 
 
-# The frontend attribute that XLA's CallInliner honours: a call carrying it stays a
-# call, so its callee stays a computation of its own.
-NOT_INLINEABLE = {"inlineable": "false"}
-
-
-def _emit_outlined(op, name: str, emit) -> list[ir.Value]:
+def _emit_outlined(op, module: ir.Module, name: str, emit) -> list[ir.Value]:
   """Emit the replacement into a new private function at the end of the module, and call
   it out of line at the insertion point.
 
@@ -167,27 +164,26 @@ def _emit_outlined(op, name: str, emit) -> list[ir.Value]:
   (BUILD_NOTES, "Compile-time decisions").  The same ops run in the same order: the bits
   do not change.
   """
-  caller = op.operation.parent
-  while caller.name != "func.func":
-    caller = caller.parent
-  name = _fresh_symbol(caller.parent, name)
+  name = _fresh_symbol(module, name)
   operand_types = [v.type for v in op.operands]
   result_types = [v.type for v in op.results]
-  with ir.InsertionPoint(caller.parent.regions[0].blocks[0]):
+  with ir.InsertionPoint(module.body):
     callee = func.FuncOp(name, ir.FunctionType.get(operand_types, result_types))
   callee.attributes["sym_visibility"] = ir.StringAttr.get("private")
   body = callee.add_entry_block()
   with ir.InsertionPoint(body):
     func.ReturnOp(emit(list(body.arguments)))
   call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), list(op.operands))
+  # The frontend attribute that XLA's CallInliner honours: a call carrying it stays a
+  # call, so its callee stays a computation of its own.
   call.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(
-      {k: ir.StringAttr.get(v) for k, v in NOT_INLINEABLE.items()})
+      {"inlineable": ir.StringAttr.get("false")})
   return list(call.results)
 
 
-def _fresh_symbol(module_op, base: str) -> str:
+def _fresh_symbol(module: ir.Module, base: str) -> str:
   """`base`, or base_2, base_3, ... if the module already has a symbol of that name."""
-  table = ir.SymbolTable(module_op)
+  table = ir.SymbolTable(module.operation)
   name, n = base, 1
   while name in table:
     n += 1
@@ -247,9 +243,9 @@ def _calibrated_plan(cand: match.Candidate, entry: calibration.SiteCalibration,
 
 
 def _replace_calibrated(cand: match.Candidate, channels: build.ChannelAllocator,
-                        plan: build.CalibratedPlan, outline: bool) -> None:
+                        plan: build.CalibratedPlan, outline_into: ir.Module | None) -> None:
   _emit_in_place(cand, lambda operands: build.emit_calibrated_allreduce(operands, plan, channels),
-                 "the calibrated scheme", "rerun without --equarx_calibration", outline)
+                 "the calibrated scheme", "rerun without --equarx_calibration", outline_into)
 
 
 def verify(module: ir.Module) -> None:

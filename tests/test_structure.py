@@ -7,6 +7,7 @@ records, modules that must come back unchanged, channel handles and ring pairs
 across every fixture.
 """
 
+import collections
 import dataclasses
 import glob
 import os
@@ -269,7 +270,6 @@ def test_padding_that_costs_bytes_is_reported():
 
 
 def _op_counts(text: str):
-  import collections
   module = equarx_pass.parse_bytes(text).module
   return collections.Counter(op.name for op in match.walk(module.operation))
 
