@@ -5,9 +5,10 @@ StableHLO: the partitioner (Shardy, then XLA's SPMD partitioner) adds them while
 compiling.  This module gets them:
 
 1. compile the original lowering once, with XLA dumping the module right after
-   its `spmd-partitioning` pass into a temporary directory: the per-device
-   program, with the all-reduces, before any fusion or layout assignment;
-2. convert that HLO text to StableHLO, rewrite its all-reduces (rewrite.py);
+   its `spmd-partitioning` pass into a temporary directory (as a proto: lossless):
+   the per-device program, with the all-reduces, before any fusion or layout
+   assignment;
+2. convert that HLO module to StableHLO, rewrite its all-reduces (rewrite.py);
 3. build a module that keeps the original `main` signature (global shapes, the
    shardings of the first compile, donation) and whose body is one
    `sdy.manual_computation` over every mesh axis that calls the rewritten
@@ -70,15 +71,15 @@ class PartitionedRewrite:
 def rewrite_partitioned(lowered, policy: Policy) -> PartitionedRewrite:
   """Compile `lowered` once to get its per-device program, rewrite it, rebuild it."""
   start = time.perf_counter()
-  compiled, hlo_text = _compile_and_dump(lowered)
+  compiled, hlo_proto = _compile_and_dump(lowered)
   first_compile = time.perf_counter() - start
   start = time.perf_counter()
   original = lowered.compiler_ir("stablehlo")
   mesh_name, mesh = _only_mesh(original)
-  per_device = _per_device_module(hlo_text, original)
+  per_device = _per_device_module(hlo_proto, original)
   result = rewrite_module(per_device, policy, _jax_private.lowered_platform(lowered))
   module = None
-  if result.modified:
+  if result.modified or policy.identity:   # identity: rebuild even with no site selected
     in_shardings, out_shardings = _jax_private.executable_shardings(compiled)
     module = _rebuild(original, result.module, mesh_name, mesh, in_shardings, out_shardings)
   return PartitionedRewrite(compiled, result, module, first_compile,
@@ -86,20 +87,67 @@ def rewrite_partitioned(lowered, policy: Policy) -> PartitionedRewrite:
 
 
 def _compile_and_dump(lowered):
-  """Compile `lowered` (a fresh executable) and return it with the partitioned HLO text."""
+  """Compile `lowered` (a fresh executable) and return it with the partitioned program,
+  a serialized HloModuleProto.
+
+  The dump is XLA's binary proto, not its text: the text elides constants of more
+  than 10 elements (`constant({...})`), which then parse back as garbage, and it
+  rounds nothing else but is still a printed form.  The proto is the module itself.
+  """
   with tempfile.TemporaryDirectory(prefix="equarx_spmd_") as tmp:
     options = {"xla_dump_to": tmp, "xla_dump_hlo_pass_re": PARTITION_PASS,
-               "xla_dump_hlo_as_text": True}
+               "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": False}
     compiled = lowered.compile(compiler_options=options)
-    # module_NNNN.jit_f.NNNN.spmd-partitioner.after_spmd-partitioning.before_X.txt
+    # module_NNNN.jit_f.NNNN.spmd-partitioner.after_spmd-partitioning.before_X.hlo.pb
     names = sorted(n for n in os.listdir(tmp)
-                   if f"after_{PARTITION_PASS}." in n and n.endswith(".txt"))
+                   if f"after_{PARTITION_PASS}." in n and n.endswith(".hlo.pb"))
     if not names:
       raise NotPartitionable(
           f"XLA ran no {PARTITION_PASS} pass (a single-device program, or a compile "
           "cache hit); nothing to rewrite")
-    with open(os.path.join(tmp, names[-1])) as f:
-      return compiled, f.read()
+    with open(os.path.join(tmp, names[-1]), "rb") as f:
+      return compiled, hlo_module_of_dump(f.read())
+
+
+def hlo_module_of_dump(data: bytes) -> bytes:
+  """The HloModuleProto inside the HloProto that XLA dumps (its field 1, `hlo_module`).
+
+  Protobuf wire format, read by hand: field 1 is length-delimited (wire type 2).
+  """
+  pos = 0
+  while pos < len(data):
+    key, pos = _proto_varint(data, pos)
+    field, wire_type = key >> 3, key & 7
+    if wire_type == 0:
+      _, pos = _proto_varint(data, pos)
+    elif wire_type == 1:
+      pos += 8
+    elif wire_type == 5:
+      pos += 4
+    elif wire_type == 2:
+      size, pos = _proto_varint(data, pos)
+      if field == 1:
+        if pos + size > len(data):
+          break
+        return data[pos:pos + size]
+      pos += size
+    else:
+      break
+  raise RewriteError("XLA's dump of the partitioned program holds no HLO module "
+                     "(an HloProto without field hlo_module)")
+
+
+def _proto_varint(data: bytes, pos: int) -> tuple[int, int]:
+  value = shift = 0
+  while True:
+    if pos >= len(data):
+      raise RewriteError("XLA's dump of the partitioned program is truncated")
+    byte = data[pos]
+    pos += 1
+    value |= (byte & 0x7F) << shift
+    shift += 7
+    if not byte & 0x80:
+      return value, pos
 
 
 def _only_mesh(module: ir.Module):
@@ -111,14 +159,13 @@ def _only_mesh(module: ir.Module):
   return meshes[0]
 
 
-def _per_device_module(hlo_text: str, original: ir.Module) -> ir.Module:
-  """HLO text of the partitioned program -> StableHLO in `original`'s context.
+def _per_device_module(proto: bytes, original: ir.Module) -> ir.Module:
+  """The partitioned program (an HloModuleProto) -> StableHLO in `original`'s context.
 
   The conversion drops the device counts and writes replica groups as
   mesh-axes attributes over a mesh of its own; both are made explicit here so
   that the functions can move into another module.
   """
-  proto = _jax_private.hlo_text_to_proto(hlo_text)
   module = ir.Module.parse(jax_mlir.hlo_to_stablehlo(proto), context=original.context)
   attrs = original.operation.attributes
   for name in ("mhlo.num_partitions", "mhlo.num_replicas"):

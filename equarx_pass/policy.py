@@ -60,6 +60,10 @@ class Policy:
   calibration: str = ""         # a calibration file (equarx_pass.calibrate): its sites use
                                 # static int4 scales with bf16 outlier features
   calibration_clip: float = 0.0  # > 0: static range = min(range, this x rms) per feature
+  # A check of the route, not a speed-up: every selected site is rebuilt (outlined,
+  # the partitioned program rebuilt around it) but stays the native all-reduce, so the
+  # result must equal plain jax.jit's bit for bit.
+  identity: bool = False
 
   def __post_init__(self):
     if self.min_bytes < 0:
@@ -226,6 +230,9 @@ FLAGS = {f.name: f for f in [
     Flag("equarx_calibration_clip", "calibration_clip", _parse_float,
          "with --equarx_calibration: clip each feature's static range at this many times its "
          "calibrated rms (2.55: MSE-optimal for Gaussian data at 4 bits; 0: off, the absmax)"),
+    Flag("equarx_identity", "identity", _parse_bool,
+         "a faithfulness check: take every route as usual but keep each selected all-reduce "
+         "exact (the native op), so results must equal plain jax.jit bit for bit"),
 ]}
 
 

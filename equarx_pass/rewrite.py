@@ -11,6 +11,7 @@ sees the original module or a complete, verified rewrite.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import io
 import time
 
@@ -66,7 +67,9 @@ def _ring_bytes_before(site: match.Site) -> int:
 def _record(decision: match.Decision, policy: Policy) -> SiteRecord:
   site = decision.site
   before = _ring_bytes_before(site)
-  if isinstance(decision, match.Candidate):
+  if isinstance(decision, match.Candidate) and policy.identity:
+    after, verdict, reason = before, "rewritten", "identity: the native all-reduce, rebuilt"
+  elif isinstance(decision, match.Candidate):
     after = ring.ring_wire_bytes(decision.layout, 0, policy.scheme.fmt).after
     verdict, reason = "rewritten", policy.scheme.describe() + _padding_note(after, before)
   else:
@@ -109,12 +112,15 @@ def rewrite_module(module: ir.Module, policy: Policy,
   decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
   records = [_record(d, policy) for d in decisions]
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
-  calibrated = _calibrated_plans(candidates, policy, records)
+  calibrated = {} if policy.identity else _calibrated_plans(candidates, policy, records)
   if candidates:
     channels = build.ChannelAllocator(match.max_channel_handle(out))
     with out.context:
       for cand in candidates:
-        if cand.site.index in calibrated:
+        if policy.identity:
+          _emit_in_place(cand, functools.partial(_emit_native, cand.op), "the native all-reduce",
+                         "", outline_into)
+        elif cand.site.index in calibrated:
           _replace_calibrated(cand, channels, calibrated[cand.site.index], outline_into)
         else:
           _replace(cand, channels, policy, outline_into)
@@ -130,6 +136,14 @@ def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Po
   _emit_in_place(cand, lambda operands: build.emit_allreduce(operands, plan, channels),
                  "the quantized ring", "rerun without --equarx_enable or exclude it with "
                  "--equarx_max_bytes/--equarx_dtypes", outline_into)
+
+
+def _emit_native(op: ir.Operation, operands: list[ir.Value]) -> list[ir.Value]:
+  """--equarx_identity: a copy of the all-reduce itself, on `operands`."""
+  new = op.clone()
+  for i, value in enumerate(operands):
+    new.operands[i] = value
+  return list(new.results)
 
 
 def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str,
