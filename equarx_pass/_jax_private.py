@@ -30,6 +30,16 @@ def hlo_text_to_proto(text: str) -> bytes:
   return _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
 
 
+def mhlo_to_stablehlo(module: ir.Module) -> bytes:
+  """`module` with its MHLO ops legalized to StableHLO, as MLIR bytecode.
+
+  Private: jaxlib._jax.mlir.mhlo_to_stablehlo (jax.extend.mlir exposes only the
+  HLO -> StableHLO direction).  Raises on ops it cannot legalize.
+  """
+  from jaxlib import _jax
+  return _jax.mlir.mhlo_to_stablehlo(str(module).encode())
+
+
 def lowered_with_module(lowered, module: ir.Module):
   """A new jax.stages.Lowered that compiles `module` instead of lowered's own.
 
@@ -82,6 +92,15 @@ def executable_shardings(compiled) -> tuple[list, list]:
   """
   executable = compiled._executable
   return list(executable._in_shardings), list(executable._out_shardings)
+
+
+def compiled_hlo_modules(compiled) -> list:
+  """The optimized HloModules of a jax.stages.Compiled.
+
+  Private: Compiled.runtime_executable() (a jaxlib LoadedExecutable) and its
+  hlo_modules(); the public as_text() returns one module's text only.
+  """
+  return list(compiled.runtime_executable().hlo_modules())
 
 
 def lowered_with_extra_outputs(lowered, module: ir.Module, extra_shapes):

@@ -31,6 +31,11 @@ class RewriteError(EquarxError):
   """A selected all-reduce could not be rewritten; the module is left as it was."""
 
 
+class InternalError(RewriteError):
+  """A bug in equarx-pass itself (an emitter or rebuild failure), not in the input: the
+  message names the site and says how to go on without it."""
+
+
 class VerifyError(EquarxError):
   """The rewritten module failed verification; it is discarded, never returned."""
 

@@ -20,7 +20,6 @@ import dataclasses
 import functools
 import inspect
 import sys
-import time
 from typing import Any, Callable
 
 import jax
@@ -51,6 +50,8 @@ class LoweringReport:
   route: str = "lowered"
   note: str = ""            # why the partitioned route was not taken, where it was tried
   first_compile_seconds: float = 0.0   # partitioned route: the compile that exposed the program
+  # partitioned route: all-reduces in plain jax.jit's compiled program (XLA merges some)
+  compiled_all_reduces: int | None = None
 
 
 class Report:
@@ -78,6 +79,11 @@ def _format_lowering(low: LoweringReport) -> str:
     title = (f"{low.signature}, partitioned program (pass {low.pass_seconds * 1e3:.1f} ms, "
              f"partitioning compile {low.first_compile_seconds:.2f} s)")
   text = report.format_table(low.records, title)
+  if low.compiled_all_reduces is not None and low.compiled_all_reduces != len(low.records):
+    text += (f"\nplain jax.jit's compiled program holds {low.compiled_all_reduces} "
+             f"all-reduces for these {len(low.records)} sites: XLA merges all-reduces "
+             "after partitioning (its all-reduce combiner), so a site here can be part of "
+             "a larger one there")
   if low.note:
     text += f"\npartitioned route not taken: {low.note}"
   return text + ("\n" + low.tpu.summary() if low.tpu else "")
@@ -209,7 +215,8 @@ class Jitted:
     done = partitioned.rewrite_partitioned(lowered, self.policy)
     tpu = self._compile_for_target(done.module)
     self._record(done.result.records, done.pass_seconds, tpu, args, kwargs, route="partitioned",
-                 first_compile_seconds=done.first_compile_seconds)
+                 first_compile_seconds=done.first_compile_seconds,
+                 compiled_all_reduces=done.compiled_all_reduces)
     if done.module is None:
       # Nothing rewritten: the first compile is plain jax.jit's executable; reuse it.
       return lowered, done.compiled

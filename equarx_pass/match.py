@@ -22,6 +22,13 @@ from equarx_pass import ring
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
 ALL_REDUCE = "stablehlo.all_reduce"
+# MHLO's all-reduce.  parse.py converts a module holding one to StableHLO; one that is
+# still there (the conversion failed) is a site skipped with the reason, never ignored.
+MHLO_ALL_REDUCE = "mhlo.all_reduce"
+# An async pair (HLO all-reduce-start/-done): the all-reduce is the only op of the
+# region of an async_start, whose future one async_done waits for.
+ASYNC_STARTS = ("stablehlo.async_start", "mhlo.async_start")
+ASYNC_DONES = ("stablehlo.async_done", "mhlo.async_done")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,7 +99,79 @@ def walk(op: ir.Operation):
 
 
 def find_all_reduces(module: ir.Module) -> list[ir.Operation]:
-  return [op for op in walk(module.operation) if op.name == ALL_REDUCE]
+  """Every all-reduce that can run: in the public functions and what they reference.
+
+  Private functions that nothing references are left out: XLA's HLO -> StableHLO
+  conversion inlines while bodies and called computations and also keeps them as
+  unused functions, and counting those would count each site twice.
+  """
+  return [op for func in called_functions(module) for op in walk(func)
+          if op.name in (ALL_REDUCE, MHLO_ALL_REDUCE)]
+
+
+def unused_all_reduces(module: ir.Module) -> int:
+  """All-reduces in private functions that nothing references (never run)."""
+  used = {id(f) for f in called_functions(module)}
+  return sum(1 for op in module.body.operations
+             if op.operation.name == "func.func" and id(op.operation) not in used
+             for inner in walk(op.operation) if inner.name in (ALL_REDUCE, MHLO_ALL_REDUCE))
+
+
+def called_functions(module: ir.Module) -> list[ir.Operation]:
+  """The public functions and every function a symbol reference in them reaches,
+  in module order.  Any attribute that names a symbol counts (func.call's callee, a
+  custom call's called_computations, a composite's decomposition, ...)."""
+  functions = {}
+  for op in module.body.operations:
+    op = op.operation
+    if op.name == "func.func":
+      functions[ir.StringAttr(op.attributes["sym_name"]).value] = op
+  seen = set()
+  stack = [name for name, op in functions.items()
+           if "sym_visibility" not in op.attributes or
+           ir.StringAttr(op.attributes["sym_visibility"]).value == "public"]
+  while stack:
+    name = stack.pop()
+    if name in seen:
+      continue
+    seen.add(name)
+    for op in walk(functions[name]):
+      attrs = op.attributes
+      for i in range(len(attrs)):
+        stack.extend(n for n in _symbol_names(attrs[i].attr) if n in functions)
+  return [op for name, op in functions.items() if name in seen]
+
+
+def _symbol_names(attr: ir.Attribute) -> list[str]:
+  if isinstance(attr, ir.FlatSymbolRefAttr):
+    return [attr.value]
+  if isinstance(attr, ir.SymbolRefAttr):
+    return [str(attr).lstrip("@").split("::")[0].strip('"')]
+  if isinstance(attr, ir.ArrayAttr):
+    return [n for a in attr for n in _symbol_names(a)]
+  if isinstance(attr, ir.DictAttr):
+    return [n for i in range(len(attr)) for n in _symbol_names(attr[i].attr)]
+  return []
+
+
+def async_pair(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None | str:
+  """For an all-reduce inside an async_start: (async_start, async_done), or a reason
+  the pair cannot be taken apart.  None for an all-reduce that is not async."""
+  parent = op.parent
+  if parent is None or parent.name not in ASYNC_STARTS:
+    return None
+  block = op.block
+  body = [o.operation for o in block.operations]
+  if len(body) != 2 or body[1].name not in ("stablehlo.return", "mhlo.return") or \
+      list(body[1].operands) != list(op.results):
+    return "an async_start whose region holds more than the all-reduce"
+  args = list(block.arguments)
+  if len(args) != len(parent.operands) or list(op.operands) != args:
+    return "an async_start whose operands are not the all-reduce's"
+  users = [use.owner for result in parent.results for use in result.uses]
+  if len(users) != 1 or users[0].name not in ASYNC_DONES:
+    return "an async_start whose future is used by more than one async_done"
+  return parent, users[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,19 +230,27 @@ _LOC_NAME = re.compile(r'"([^"]+)"\(')
 _LOC_FILE = re.compile(r'"([^"]+)":(\d+):(\d+)')
 
 
+# The leading jit(...)/pjit(...) scopes of a JAX op name say nothing about the layer.
+_JIT_SCOPES = re.compile(r'^(?:p?jit\([^)/]*\)/)+')
+
+
 def _location(op: ir.Operation) -> str:
-  """'file.py:12 psum_invariant' from JAX's nested name/call-site locations."""
+  """'file.py:12 Block_3/Mlp/Dense_1/dot_general' from JAX's nested name/call-site
+  locations: the source line, then the op's name path (the layer) without jit scopes."""
   text = str(op.location)
   names = _LOC_NAME.findall(text)
   pos = _LOC_FILE.search(text)
   where = f"{os.path.basename(pos.group(1))}:{pos.group(2)}" if pos else ""
-  return " ".join(p for p in (where, names[0] if names else "") if p) or text
+  name = _JIT_SCOPES.sub("", names[0]) if names else ""
+  return " ".join(p for p in (where, name) if p) or text
 
 
 def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, str | None]:
   """The Site for an all-reduce, and why its replica groups are unusable (or None)."""
   operands = []
-  for value in op.operands:
+  # The result's element type: an all-reduce may promote (bf16 in, f32 out), and the
+  # sum happens in the result's type.
+  for value in op.results:
     t = value.type if isinstance(value.type, ir.RankedTensorType) else None
     if t is None or not t.has_static_shape:
       operands.append(Operand((), str(value.type)))
@@ -265,6 +352,17 @@ def _check_enabled(site, op, policy, problem):
     return "pass not enabled (--equarx_enable is off)"
 
 
+def _check_dialect(site, op, policy, problem):
+  if op.name != ALL_REDUCE:
+    return f"{op.name}: not StableHLO (the conversion from MHLO failed), left as it is"
+
+
+def _check_async(site, op, policy, problem):
+  pair = async_pair(op)
+  if isinstance(pair, str):
+    return f"async all-reduce: {pair}"
+
+
 def _check_supported_groups(site, op, policy, problem):
   return problem
 
@@ -296,8 +394,8 @@ def _check_group_size(site, op, policy, problem):
     return "group of one device: nothing to reduce"
 
 
-CHECKS: list[Callable] = [_check_enabled, _check_supported_groups, _check_reduction, _check_types,
-                          _check_size, _check_group_size]
+CHECKS: list[Callable] = [_check_enabled, _check_dialect, _check_async, _check_supported_groups,
+                          _check_reduction, _check_types, _check_size, _check_group_size]
 
 
 def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> Decision:

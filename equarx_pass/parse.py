@@ -33,6 +33,8 @@ MLIR_BYTECODE_MAGIC = b"ML\xefR"
 _LOC_LINE_COL = re.compile(r':(\d+):(\d+)')
 # HLO parser errors say "was parsing 3:15: error: ...".
 _HLO_LINE_COL = re.compile(r'was parsing (\d+):(\d+): error: ([^\n]*)')
+# A literal XLA elided from a text dump: `constant({...})`, outside string literals.
+_HLO_ELIDED = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|(\{\.\.\.\})')
 
 # MLIR's and XLA's parsers and MLIR's printer are recursive: a few thousand
 # nested brackets, attributes or types overflow the C++ stack and kill the
@@ -183,7 +185,31 @@ def _parse_mlir(source, path: str, context: ir.Context) -> ir.Module:
     line, col = (int(m.group(1)), int(m.group(2))) if m and m.group(1) != "0" else (None, None)
     raise ParseError(f"MLIR parse error: {diag.message}", path, line, col) from None
   _check_is_stablehlo(module, path, len(source))
-  return module
+  return _mhlo_collectives_to_stablehlo(module, context)
+
+
+def _mhlo_collectives_to_stablehlo(module: ir.Module, context: ir.Context) -> ir.Module:
+  """A module with an mhlo.all_reduce, converted to StableHLO (MHLO's own legalization),
+  so that its all-reduces are sites like any other.  Modules without one are left as
+  they are.  Should the conversion fail, the mhlo.all_reduce stays and the match
+  reports it as a skipped site, with the reason."""
+  if not any(op.name == "mhlo.all_reduce" for op in _walk(module.operation)):
+    return module
+  try:
+    converted = _jax_private.mhlo_to_stablehlo(module)
+    return ir.Module.parse(converted, context=context)
+  except Exception:  # jaxlib raises its own runtime errors: keep the module as it is
+    return module
+
+
+def _walk(op: ir.Operation):
+  stack = [op]
+  while stack:
+    for region in stack.pop().regions:
+      for block in region.blocks:
+        for child in block.operations:
+          yield child.operation
+          stack.append(child.operation)
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -245,6 +271,7 @@ def _check_bytecode_strings(data: bytes, path: str) -> None:
 
 def _parse_hlo_text(text: str, path: str, context: ir.Context) -> ir.Module:
   """HLO text -> HloModuleProto -> StableHLO, carrying over what the conversion drops."""
+  _check_no_elided_constants(text, path)
   converted, _ = _HELPER.convert(b"h", text.encode(), path)
   module = _parse_converted(converted, path, context)
   # The conversion loses the partition and replica counts: put them back from the
@@ -260,6 +287,20 @@ def _parse_hlo_text(text: str, path: str, context: ir.Context) -> ir.Module:
     module.operation.attributes[attr] = ir.IntegerAttr.get(i32, int(value))
   _check_device_counts(module, path)
   return module
+
+
+def _check_no_elided_constants(text: str, path: str) -> None:
+  """XLA's text dumps write constants of more than 10 elements as `constant({...})`
+  unless told otherwise.  XLA's parser accepts that and makes up the values, so such
+  a module would be rewritten and written out with garbage constants: refuse it."""
+  for m in _HLO_ELIDED.finditer(text):
+    if m.group(1) is None:       # a string literal (metadata), not an operand
+      continue
+    line = text.count("\n", 0, m.start(1)) + 1
+    column = m.start(1) - text.rfind("\n", 0, m.start(1))
+    raise ParseError("a constant whose values XLA left out of the dump ({...}); dump the "
+                     "module again with XLA_FLAGS=--xla_dump_large_constants=true",
+                     path, line, column)
 
 
 def _hlo_header_fields(text: str) -> dict[str, str]:
@@ -408,7 +449,9 @@ def _parse_converted(text: str, path: str, context: ir.Context) -> ir.Module:
     _check_aliases(text, path)
     return _parse_mlir(text, path, context)
   except ParseError as e:
-    raise ParseError(e.message, path) from None
+    message = e.message.removeprefix("MLIR parse error: ")
+    raise ParseError(f"jaxlib's conversion of this input gave a module that MLIR cannot "
+                     f"read back: {message}", path) from None
 
 
 def _convert(kind: bytes, data: bytes, limit: int) -> tuple[str, str]:
@@ -441,7 +484,8 @@ def _convert(kind: bytes, data: bytes, limit: int) -> tuple[str, str]:
     try:
       bytecode = jax_mlir.hlo_to_stablehlo(proto)
     except Exception as e:
-      raise ParseError(f"cannot convert HLO to StableHLO: {e}") from None
+      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise ParseError(f"jaxlib cannot convert this HLO module to StableHLO: {first}") from None
     module, input_kind = _parse_mlir(bytecode, None, context), "hlo-text"
   out = _BoundedText(limit)
   module.operation.print(enable_debug_info=True, file=out)
@@ -556,8 +600,9 @@ class _Helper:
       except (OSError, EOFError):
         code = self.proc.wait()
         self.proc = None
-        raise ParseError(f"the {what} crashed on this input ({self._why(code)}); "
-                         "the file is corrupted", path) from None
+        raise ParseError(f"jaxlib's {what} crashed on this input ({self._why(code)}): a "
+                         "corrupted file, or a construct jaxlib's parser cannot handle",
+                         path) from None
     if header[:1] == b"e":
       message, line, column = json.loads(payload)
       if kind == b"b":      # positions in bytecode are not positions in the file

@@ -18,6 +18,20 @@ def _bytes(n: int) -> str:
   return f"{n} B"
 
 
+# Locations longer than this keep their source line and the end of the op's name path,
+# where the layer and the op are.
+LOCATION_WIDTH = 72
+
+
+def _fit(location: str, width: int) -> str:
+  if len(location) <= width:
+    return location
+  where, _, name = location.partition(" ")
+  if not name or len(where) > width // 2:
+    return "..." + location[-(width - 3):]
+  return f"{where} ...{name[-(width - len(where) - 4):]}"
+
+
 def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
   """A fixed-width table of the records, with totals."""
   header = ("#", "location", "shape", "dtype", "group", "decision", "wire before", "wire after",
@@ -25,7 +39,7 @@ def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
   rows = []
   for r in records:
     ratio = f"{r.bytes_before / r.bytes_after:.2f}x" if r.rewritten and r.bytes_after else "-"
-    rows.append((str(r.index), r.location[:48], _shape(r.shapes), ",".join(sorted(set(r.dtypes))),
+    rows.append((str(r.index), _fit(r.location, LOCATION_WIDTH), _shape(r.shapes), ",".join(sorted(set(r.dtypes))),
                  f"{r.group_size}x{r.num_groups}", r.decision, _bytes(r.bytes_before),
                  _bytes(r.bytes_after), ratio, r.reason))
   widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)

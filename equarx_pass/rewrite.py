@@ -18,9 +18,10 @@ import time
 import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
+from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass import build, calibration, match, outlier, ring
-from equarx_pass.errors import RewriteError, VerifyError
+from equarx_pass.errors import InternalError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
 
@@ -72,11 +73,22 @@ def _record(decision: match.Decision, policy: Policy) -> SiteRecord:
   elif isinstance(decision, match.Candidate):
     after = ring.ring_wire_bytes(decision.layout, 0, policy.scheme.fmt).after
     verdict, reason = "rewritten", policy.scheme.describe() + _padding_note(after, before)
+  if isinstance(decision, match.Candidate):
+    reason += _promotion_note(decision.op)
   else:
     after, verdict, reason = before, "skipped", decision.reason
   return SiteRecord(site.index, site.location, tuple(o.shape for o in site.operands),
                     tuple(o.dtype for o in site.operands), site.group_size,
                     len(site.groups or ()), verdict, reason, before, after)
+
+
+def _promotion_note(op: ir.Operation) -> str:
+  """'; bf16 summed as f32' for an all-reduce whose result type is wider."""
+  pairs = {(str(ir.RankedTensorType(a.type).element_type),
+            str(ir.RankedTensorType(r.type).element_type))
+           for a, r in zip(op.operands, op.results)}
+  promoted = sorted(f"{a} summed as {r}" for a, r in pairs if a != r)
+  return f"; {', '.join(promoted)}" if promoted else ""
 
 
 def _padding_note(after: int, before: int) -> str:
@@ -119,7 +131,7 @@ def rewrite_module(module: ir.Module, policy: Policy,
       for cand in candidates:
         if policy.identity:
           _emit_in_place(cand, functools.partial(_emit_native, cand.op), "the native all-reduce",
-                         "", outline_into)
+                         "rerun without --equarx_identity", outline_into)
         elif cand.site.index in calibrated:
           _replace_calibrated(cand, channels, calibrated[cand.site.index], outline_into)
         else:
@@ -149,25 +161,58 @@ def _emit_native(op: ir.Operation, operands: list[ir.Value]) -> list[ir.Value]:
 def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str,
                    outline_into: ir.Module | None) -> None:
   """Emit the replacement at the all-reduce (or, given a module to outline into, in a
-  function of it that the all-reduce's place calls), rewire its uses, erase it."""
+  function of it that the all-reduce's place calls), rewire its uses, erase it.
+
+  An async pair (all-reduce-start/-done) is replaced whole, at the async_done: that is
+  where its result is first needed.  An all-reduce that promotes (bf16 in, f32 out)
+  gets its operands converted to the result type first: the sum is in that type.
+  """
   op = cand.op
+  pair = match.async_pair(op)
+  if pair is not None:
+    start, done = pair
+    at, operands, old_results, erase = done, list(start.operands), list(done.results), \
+        [done, start]
+  else:
+    at, operands, old_results, erase = op, list(op.operands), list(op.results), [op]
+  result_types = [v.type for v in op.results]
+
+  def emit_promoted(values):
+    return emit([_promote(v, t) for v, t in zip(values, result_types)])
   try:
-    with op.location, ir.InsertionPoint(op):
+    with op.location, ir.InsertionPoint(at):
       if outline_into is not None:
-        new_values = _emit_outlined(op, outline_into, f"equarx_allreduce_{cand.site.index}",
-                                    emit)
+        new_values = _emit_outlined(operands, result_types, outline_into,
+                                    f"equarx_allreduce_{cand.site.index}", emit_promoted)
       else:
-        new_values = emit(list(op.operands))
+        new_values = emit_promoted(operands)
   except Exception as e:
-    raise RewriteError(
-        f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit "
-        f"{what} ({type(e).__name__}: {e}); {advice}") from e
-  for old, new in zip(op.results, new_values):
+    raise InternalError(
+        f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit {what} "
+        f"({type(e).__name__}: {_first_line(e)}); this is a bug in equarx-pass, please "
+        f"report it; to go on, {advice}") from e
+  for old, new in zip(old_results, new_values):
     old.replace_all_uses_with(new)
-  op.erase()
+  for dead in erase:
+    dead.erase()
 
 
-def _emit_outlined(op, module: ir.Module, name: str, emit) -> list[ir.Value]:
+def _promote(value: ir.Value, result_type: ir.Type) -> ir.Value:
+  """`value` converted to the element type of `result_type`, where they differ."""
+  source = ir.RankedTensorType(value.type)
+  element = ir.RankedTensorType(result_type).element_type
+  if source.element_type == element:
+    return value
+  return hlo.ConvertOp(ir.RankedTensorType.get(source.shape, element), value).result
+
+
+def _first_line(e: BaseException) -> str:
+  text = str(e).strip()
+  return text.splitlines()[0] if text else ""
+
+
+def _emit_outlined(operands: list[ir.Value], result_types: list[ir.Type], module: ir.Module,
+                   name: str, emit) -> list[ir.Value]:
   """Emit the replacement into a new private function at the end of the module, and call
   it out of line at the insertion point.
 
@@ -179,15 +224,14 @@ def _emit_outlined(op, module: ir.Module, name: str, emit) -> list[ir.Value]:
   do not change.
   """
   name = _fresh_symbol(module, name)
-  operand_types = [v.type for v in op.operands]
-  result_types = [v.type for v in op.results]
+  operand_types = [v.type for v in operands]
   with ir.InsertionPoint(module.body):
     callee = func.FuncOp(name, ir.FunctionType.get(operand_types, result_types))
   callee.attributes["sym_visibility"] = ir.StringAttr.get("private")
   body = callee.add_entry_block()
   with ir.InsertionPoint(body):
     func.ReturnOp(emit(list(body.arguments)))
-  call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), list(op.operands))
+  call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), operands)
   # The frontend attribute that XLA's CallInliner honours: a call carrying it stays a
   # call, so its callee stays a computation of its own.
   call.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(
@@ -262,11 +306,23 @@ def _replace_calibrated(cand: match.Candidate, channels: build.ChannelAllocator,
                  "the calibrated scheme", "rerun without --equarx_calibration", outline_into)
 
 
-def verify(module: ir.Module) -> None:
-  """MLIR verification plus the pass's own post-conditions."""
+def verify(module: ir.Module, what: str = "rewritten module") -> None:
+  """MLIR verification.  A failure is the pass's own bug (its input was verified):
+  one line, naming the first error and where it is, never a dump of the module."""
   try:
     ok = module.operation.verify()
   except ir.MLIRError as e:
-    raise VerifyError(f"rewritten module failed verification: {e}") from e
+    diag = e.error_diagnostics[0] if e.error_diagnostics else None
+    where = f" at {_short_location(diag.location)}" if diag is not None else ""
+    message = _first_line(diag.message if diag is not None else e.message or str(e))
+    raise VerifyError(f"internal error: the {what} failed verification{where}: {message}; "
+                      "this is a bug in equarx-pass, please report it; to go on, exclude "
+                      "that all-reduce (--equarx_max_bytes, --equarx_dtypes) or rerun "
+                      "without --equarx_enable") from None
   if not ok:
-    raise VerifyError("rewritten module failed verification")
+    raise VerifyError(f"internal error: the {what} failed verification")
+
+
+def _short_location(location: ir.Location) -> str:
+  text = str(location)
+  return text if len(text) <= 120 else text[:117] + "..."

@@ -52,6 +52,8 @@ def bytecode(text: str) -> bytes:
 
 MLP = fixture("tp_mlp_f32.mlir")
 HLO = fixture("tp_mlp_f32.before_optimizations.txt")
+# A dump made without --xla_dump_large_constants: XLA's parser would invent the values.
+ELIDED_HLO = HLO.replace(b"\nENTRY", b"\nc {\n  ROOT k = f32[64]{0} constant({...})\n}\n\nENTRY", 1)
 ARITH = b"""module {
   func.func @f(%a: f32) -> f32 {
     %0 = arith.addf %a, %a : f32
@@ -99,6 +101,8 @@ PARSE_CASES = {
     "bad_hlo_op": (BAD_HLO_OP, "HLO parse error", 5, 19),
     "truncated_hlo": (HLO[:len(HLO) // 2], "HLO parse error", 55, 16),
     "hlo_header_only": (HLO.split(b"\n")[0] + b"\n", "HLO parse error", 2, 1),
+    "hlo_elided_constant": (ELIDED_HLO, "--xla_dump_large_constants=true",
+                            *position(ELIDED_HLO, b"{...}")),
     "hlo_no_devices": (HLO.replace(b"num_partitions=8", b"num_partitions=0", 1),
                        "num_partitions=0 is not a device count", 1, None),
     "partitions_string": (MLP.replace(b"mhlo.num_partitions = 8 : i32", b'mhlo.num_partitions = "8"'),
@@ -249,9 +253,9 @@ def test_inputs_that_crash_or_hang_the_parsers_are_parse_errors(tmp_path):
   assert [r[0] for r in results] == ["parsed"] + ["ParseError"] * 5 + ["parsed"], results
   _, stuck, heap, segv, check, utf8, _ = (r[1] for r in results)
   assert stuck == f"{paths[1]}: the MLIR bytecode reader did not finish in time on this input"
-  assert heap.startswith(f"{paths[2]}: the MLIR bytecode reader crashed on this input (SIGABRT")
-  assert segv.startswith(f"{paths[3]}: the MLIR bytecode reader crashed on this input (SIGSEGV")
-  assert check.startswith(f"{hlo}: the XLA HLO parser crashed on this input (SIGABRT: "
+  assert heap.startswith(f"{paths[2]}: jaxlib's MLIR bytecode reader crashed on this input (SIGABRT")
+  assert segv.startswith(f"{paths[3]}: jaxlib's MLIR bytecode reader crashed on this input (SIGSEGV")
+  assert check.startswith(f"{hlo}: jaxlib's XLA HLO parser crashed on this input (SIGABRT: "
                           "Check failed: param_no >= 0")
   assert utf8 == f"{producer}: MLIR bytecode whose producer string is not UTF-8 text: corrupted"
 
