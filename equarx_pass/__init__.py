@@ -7,6 +7,9 @@ The flow, one module each: parse -> match -> rewrite (build) -> verify -> compil
 The collective algorithm and its NumPy model are in ring.py and quantize.py.
 """
 
+# First: refuses a JAX outside the supported range, naming it (see _version.py).
+from equarx_pass._version import SUPPORTED_JAX, __version__
+
 from equarx_pass.errors import (CompileError, EquarxError, FlagError, ParseError,
                                 RewriteError, VerifyError)
 from equarx_pass.jit import Jitted, Report, jit
@@ -20,4 +23,5 @@ __all__ = [
     "CompileError", "EquarxError", "FlagError", "ParseError", "RewriteError", "VerifyError",
     "Jitted", "Report", "jit", "parse_bytes", "parse_file", "Policy", "RewriteResult",
     "SiteRecord", "rewrite_module", "transform_file", "transform_text", "calibrate",
+    "SUPPORTED_JAX", "__version__",
 ]

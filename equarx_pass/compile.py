@@ -7,6 +7,12 @@ module it dislikes instead of raising, so the compile runs in a child process
 (`python -m equarx_pass.compile TARGET < module.mlir`) and a crash becomes a
 CompileError.  Compiling for the CPU/GPU the program runs on happens in jit.py,
 through JAX's own Lowered.compile().
+
+libtpu takes a lock file so that one process at a time drives a TPU; a compile-only
+client drives none, so the child sets ALLOW_MULTIPLE_LIBTPU_LOAD=1 (unless the user set
+it): TPU compiles then run side by side with other JAX processes and with each other.
+libtpu is the optional tpu extra (pip install 'equarx-pass[tpu]'); without it the
+compile fails with a CompileError that says so.
 """
 
 from __future__ import annotations
@@ -22,6 +28,14 @@ from equarx_pass.errors import CompileError
 from equarx_pass.policy import parse_compile_target
 
 COMPILE_TIMEOUT_S = 600
+LIBTPU_MULTI_LOAD = "ALLOW_MULTIPLE_LIBTPU_LOAD"
+LIBTPU_HINT = "libtpu is not installed: pip install 'equarx-pass[tpu]'"
+
+
+def have_libtpu() -> bool:
+  """Whether libtpu (the tpu extra) is installed, without loading it."""
+  import importlib.util
+  return importlib.util.find_spec("libtpu") is not None
 
 
 @dataclasses.dataclass
@@ -47,8 +61,11 @@ def compile_for_target(module_text: str, target: str,
                        timeout: float = COMPILE_TIMEOUT_S) -> TopologyCompile:
   """Compile `module_text` for `target` ('tpu:v5e:2x2') in a child process."""
   parse_compile_target(target)
+  if not have_libtpu():
+    raise CompileError(f"cannot compile for {target}: {LIBTPU_HINT}")
   env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1")
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  env.setdefault(LIBTPU_MULTI_LOAD, "1")
   try:
     proc = subprocess.run([sys.executable, "-m", "equarx_pass.compile", target],
                           input=module_text.encode(), capture_output=True,
@@ -126,6 +143,7 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
+  os.environ.setdefault(LIBTPU_MULTI_LOAD, "1")    # before libtpu loads (see the docstring)
   if len(argv) != 2:
     print(json.dumps({"error": "usage: python -m equarx_pass.compile tpu:TOPOLOGY < module"}))
     return 2

@@ -1,6 +1,6 @@
 """Demo: a Megatron-style tensor-parallel transformer on 8 CPU devices, with and without the pass.
 
-    python -m equarx_pass.demo            (or: equarx-demo)
+    python -m equarx_pass.demo [FLAGS]    (or: equarx-demo [FLAGS])
 
 Runs the same program through jax.jit and through equarx_pass.jit, and prints
 the site report, the error of each against a float64 NumPy run of the model,
@@ -21,9 +21,20 @@ NUM_DEVICES = 8
 
 
 def _start_jax():
-  """8 virtual CPU devices; must run before JAX initialises its backend."""
-  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  """8 virtual CPU devices; must run before JAX initialises its backend.
+
+  The demo runs on the CPU unless JAX_PLATFORMS says otherwise: where libtpu is
+  installed but there is no TPU, JAX would otherwise probe for one and print libtpu's
+  warnings first.  JAX read the environment when `equarx_pass` imported it, so the
+  default goes into JAX's config as well as the environment (for child processes).
+  """
   import jax
+  if not os.environ.get("JAX_PLATFORMS"):
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    try:
+      jax.config.update("jax_platforms", "cpu")
+    except RuntimeError:
+      pass  # backend already up: use what is there
   try:
     jax.config.update("jax_num_cpu_devices", NUM_DEVICES)
   except RuntimeError:

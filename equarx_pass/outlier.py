@@ -1,4 +1,4 @@
-"""The calibrated outlier-feature all-reduce (seed 002): layout, scales and NumPy model.
+"""The calibrated outlier-feature all-reduce: layout, scales and NumPy model.
 
 No MLIR here: build.py emits these operations in this order, and `reference` is
 the model the rewritten program equals bit for bit on XLA:CPU.
@@ -42,7 +42,7 @@ from equarx_pass import quantize as qz
 
 QMAX = 7                      # int4 symmetric: codes -7 .. 7
 NONFINITE_CODE = -8           # the unused int4 code: "this value was NaN or Inf"
-FEATURES_PER_OUTLIER = 64     # k = H // 64 features stay in bf16 (seed 002)
+FEATURES_PER_OUTLIER = 64     # k = H // 64 features stay in bf16
 
 
 def outlier_count(features: int) -> int:

@@ -22,7 +22,6 @@ all-reduce, converted to f32 and concatenated):
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Sequence
 
 import numpy as np

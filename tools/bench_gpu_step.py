@@ -3,7 +3,7 @@
     python tools/bench_gpu_step.py                          # CPU, about 1 minute
     python tools/bench_gpu_step.py --platform cuda      # writes docs/ring_step_cuda.json
 
-Issue 4's GPU step: between two collective-permutes, every ring step dequantizes
+The GPU step: between two collective-permutes, every ring step dequantizes
 the chunk it received, adds its own f32 chunk and quantizes the sum for the next
 hop.  This tool emits exactly those ops with the pass's own emitter
 (`build.emit_ring_step`, the body of the reduce-scatter loop without the permute),
@@ -148,7 +148,6 @@ def main() -> int:
   args.out = args.out or os.path.join(benchlib.DOCS, f"ring_step_{args.platform}.json")
 
   import jax
-  import jax.numpy as jnp
   import numpy as np
 
   from equarx_pass import quantize as qz

@@ -27,7 +27,6 @@ Writes docs/tpu.json (or --out) and a PNG plot next to it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess

@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,7 +42,7 @@ PORT = 12355
 BASELINES = ("native", "bf16ring")
 DTYPE_BYTES = {"bf16": 2, "f32": 4}
 SMALL_BYTES, SMALL_REPEATS = 1 << 20, 25   # below 1 MiB: at least 25 timed calls
-STEP_LATENCY_S = 2e-3     # measured per ring step on this machine (DESIGN.md section 5)
+STEP_LATENCY_S = 2e-3     # measured per ring step on a 2-core host (docs/performance.md)
 
 
 # --- worker: runs inside one host namespace ------------------------------------

@@ -12,7 +12,7 @@ Layout (root needed; everything is created under a per-run name prefix):
 
 Each host's eth0 egress goes through a tbf qdisc at `rate`, so every host sends at
 most `rate` bits per second, as on a cluster's network.  Why these settings
-(DESIGN.md section 5): MTU 9000 (MTU 1500 at 1 Gbit/s saturates 2 cores with
+(docs/performance.md, emulated hosts): MTU 9000 (MTU 1500 at 1 Gbit/s saturates 2 cores with
 retransmits), a tbf burst of about rate x 100 us but at least one jumbo frame (a
 big burst lets a stop-and-go ring spend saved tokens and beat the link), and a
 200 ms latency bound.
