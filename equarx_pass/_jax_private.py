@@ -30,6 +30,15 @@ def hlo_text_to_proto(text: str) -> bytes:
   return _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
 
 
+def hlo_proto_to_text(proto: bytes) -> str:
+  """XLA's text of a serialized HloModuleProto.
+
+  Private: jaxlib._hlo.HloModule.from_serialized_hlo_module_proto and to_string.
+  """
+  from jaxlib import _hlo
+  return _hlo.HloModule.from_serialized_hlo_module_proto(proto).to_string()
+
+
 def mhlo_to_stablehlo(module: ir.Module) -> bytes:
   """`module` with its MHLO ops legalized to StableHLO, as MLIR bytecode.
 

@@ -29,6 +29,20 @@ MHLO_ALL_REDUCE = "mhlo.all_reduce"
 # region of an async_start, whose future one async_done waits for.
 ASYNC_STARTS = ("stablehlo.async_start", "mhlo.async_start")
 ASYNC_DONES = ("stablehlo.async_done", "mhlo.async_done")
+# All-reduces the pass finds but leaves as they are, with the reason (match._check_kind):
+# Shardy's, which partitioning lowers (the pass sees what it lowers them to), and MHLO's
+# encoded as a custom call inside StableHLO.
+SDY_ALL_REDUCE = "sdy.all_reduce"
+CUSTOM_CALL = "stablehlo.custom_call"
+MHLO_ALL_REDUCE_TARGET = "mhlo.all_reduce"
+
+
+def is_all_reduce(op: ir.Operation) -> bool:
+  """Any form of all-reduce the pass accounts for: rewritten, or skipped with a reason."""
+  if op.name in (ALL_REDUCE, MHLO_ALL_REDUCE, SDY_ALL_REDUCE):
+    return True
+  return op.name == CUSTOM_CALL and "call_target_name" in op.attributes and \
+      ir.StringAttr(op.attributes["call_target_name"]).value == MHLO_ALL_REDUCE_TARGET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +59,7 @@ class ModuleFacts:
   num_partitions: int
   num_replicas: int
   meshes: tuple[tuple[str, Mesh], ...] = ()   # symbol name -> mesh, from sdy.mesh ops
+  async_computations: frozenset[str] = frozenset()   # functions an async_start runs
 
   def mesh(self, name: str) -> Mesh | None:
     return dict(self.meshes).get(name)
@@ -86,7 +101,8 @@ def module_facts(module: ir.Module) -> ModuleFacts:
     if op.name == "sdy.mesh":
       name = ir.StringAttr(op.attributes["sym_name"]).value
       meshes.append((name, _mesh_from_attr(op.attributes["mesh"])))
-  return ModuleFacts(get("mhlo.num_partitions"), get("mhlo.num_replicas"), tuple(meshes))
+  return ModuleFacts(get("mhlo.num_partitions"), get("mhlo.num_replicas"), tuple(meshes),
+                     async_computations(module))
 
 
 def walk(op: ir.Operation):
@@ -105,8 +121,7 @@ def find_all_reduces(module: ir.Module) -> list[ir.Operation]:
   conversion inlines while bodies and called computations and also keeps them as
   unused functions, and counting those would count each site twice.
   """
-  return [op for func in called_functions(module) for op in walk(func)
-          if op.name in (ALL_REDUCE, MHLO_ALL_REDUCE)]
+  return [op for func in called_functions(module) for op in walk(func) if is_all_reduce(op)]
 
 
 def unused_all_reduces(module: ir.Module) -> int:
@@ -114,7 +129,7 @@ def unused_all_reduces(module: ir.Module) -> int:
   used = {id(f) for f in called_functions(module)}
   return sum(1 for op in module.body.operations
              if op.operation.name == "func.func" and id(op.operation) not in used
-             for inner in walk(op.operation) if inner.name in (ALL_REDUCE, MHLO_ALL_REDUCE))
+             for inner in walk(op.operation) if is_all_reduce(inner))
 
 
 def called_functions(module: ir.Module) -> list[ir.Operation]:
@@ -130,6 +145,8 @@ def called_functions(module: ir.Module) -> list[ir.Operation]:
   stack = [name for name, op in functions.items()
            if "sym_visibility" not in op.attributes or
            ir.StringAttr(op.attributes["sym_visibility"]).value == "public"]
+  if not stack:                  # no public function (a library of private ones): all count
+    stack = list(functions)
   while stack:
     name = stack.pop()
     if name in seen:
@@ -152,6 +169,22 @@ def _symbol_names(attr: ir.Attribute) -> list[str]:
   if isinstance(attr, ir.DictAttr):
     return [n for i in range(len(attr)) for n in _symbol_names(attr[i].attr)]
   return []
+
+
+def async_computations(module: ir.Module) -> frozenset[str]:
+  """Functions that an async_start runs (HLO `async-start(...), calls=`), by name."""
+  names = set()
+  for op in walk(module.operation):
+    if op.name in ASYNC_STARTS and "called_computation" in op.attributes:
+      names.update(_symbol_names(op.attributes["called_computation"]))
+  return frozenset(names)
+
+
+def enclosing_function(op: ir.Operation) -> str | None:
+  parent = op.parent
+  while parent is not None and parent.name != "func.func":
+    parent = parent.parent
+  return ir.StringAttr(parent.attributes["sym_name"]).value if parent is not None else None
 
 
 def async_pair(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None | str:
@@ -193,6 +226,7 @@ class Site:
   groups: tuple[tuple[int, ...], ...] | None   # None when the group form is unsupported
   device_kind: str                             # "partition" or "replica"
   num_devices: int
+  async_computation: str | None = None         # the async computation it is in, if any
 
   @property
   def nbytes(self) -> int:
@@ -271,10 +305,15 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
       problem = "cross-replica-and-partition groups with several replicas"
   else:
     kind, num_devices = "replica", facts.num_replicas
-  groups, group_problem = _replica_groups(attrs["replica_groups"], num_devices, facts)
+  if "replica_groups" in attrs:
+    groups, group_problem = _replica_groups(attrs["replica_groups"], num_devices, facts)
+  else:
+    groups, group_problem = None, "no replica groups"
   if has_channel and not global_ids and problem is None:
     groups = (tuple(range(num_devices)),)   # num_replicas == 1: all partitions, one group
-  site = Site(index, _location(op), tuple(operands), groups, kind, num_devices)
+  function = enclosing_function(op)
+  site = Site(index, _location(op), tuple(operands), groups, kind, num_devices,
+              function if function in facts.async_computations else None)
   return site, problem or group_problem
 
 
@@ -352,15 +391,23 @@ def _check_enabled(site, op, policy, problem):
     return "pass not enabled (--equarx_enable is off)"
 
 
-def _check_dialect(site, op, policy, problem):
-  if op.name != ALL_REDUCE:
-    return f"{op.name}: not StableHLO (the conversion from MHLO failed), left as it is"
+def _check_kind(site, op, policy, problem):
+  if op.name == MHLO_ALL_REDUCE:
+    return "mhlo.all_reduce that the conversion to StableHLO left: left as it is"
+  if op.name == SDY_ALL_REDUCE:
+    return ("sdy.all_reduce: a sharding op that SPMD partitioning lowers; the pass rewrites "
+            "what it lowers to (equarx_pass.jit's partitioned route), left as it is")
+  if op.name == CUSTOM_CALL:
+    return "an mhlo.all_reduce encoded as a custom call: left as it is"
 
 
 def _check_async(site, op, policy, problem):
   pair = async_pair(op)
   if isinstance(pair, str):
     return f"async all-reduce: {pair}"
+  if site.async_computation:
+    return ("inside an async computation (HLO async-start ... calls=): replacing it there "
+            "would break the async op; left as it is")
 
 
 def _check_supported_groups(site, op, policy, problem):
@@ -394,7 +441,7 @@ def _check_group_size(site, op, policy, problem):
     return "group of one device: nothing to reduce"
 
 
-CHECKS: list[Callable] = [_check_enabled, _check_dialect, _check_async, _check_supported_groups,
+CHECKS: list[Callable] = [_check_enabled, _check_kind, _check_async, _check_supported_groups,
                           _check_reduction, _check_types, _check_size, _check_group_size]
 
 

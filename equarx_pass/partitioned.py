@@ -176,6 +176,7 @@ def _per_device_module(proto: bytes, original: ir.Module) -> ir.Module:
   that the functions can move into another module.
   """
   module = ir.Module.parse(jax_mlir.hlo_to_stablehlo(proto), context=original.context)
+  _restore_mesh_device_ids(module, mesh_device_ids(_jax_private.hlo_proto_to_text(proto)))
   attrs = original.operation.attributes
   for name in ("mhlo.num_partitions", "mhlo.num_replicas"):
     if name in attrs:
@@ -185,6 +186,67 @@ def _per_device_module(proto: bytes, original: ir.Module) -> ir.Module:
     if op.operation.name == "sdy.mesh":
       op.operation.erase()
   return module
+
+
+# XLA's text for a collective's groups over a device mesh:
+#   replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], device_ids=([2,4]T(1,0)) {'axis_0'}
+_MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\](?:, device_ids=\(([^)]*\)?)\))?")
+_IOTA = re.compile(r"^\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?$")
+
+
+def mesh_device_ids(hlo_text: str) -> dict[tuple, tuple[int, ...]]:
+  """The device order of each mesh XLA's collectives name: {((axis, size), ...): ids}.
+
+  jaxlib's HLO -> StableHLO conversion writes such a mesh as an sdy.mesh without its
+  device ids, which would silently make every group of a mesh whose order is not the
+  identity the wrong devices.  A mesh given two orders is refused.
+  """
+  found = {}
+  for m in _MESH_GROUPS.finditer(hlo_text):
+    axes = tuple((name.strip().strip("'\""), int(size))
+                 for name, _, size in (a.partition("=") for a in m.group(1).split(",") if a))
+    count = int(np.prod([size for _, size in axes], dtype=np.int64))
+    ids = _device_ids(m.group(2), count) if m.group(2) else tuple(range(count))
+    if found.setdefault(axes, ids) != ids:
+      raise NotPartitionable(f"the partitioned program orders the devices of mesh {axes} "
+                             "in two ways; the route cannot rebuild it faithfully")
+  return found
+
+
+def _device_ids(text: str, count: int) -> tuple[int, ...]:
+  """`[2,4]T(1,0)` (iota reshaped and transposed), `[8]<=[2,4]T(1,0)`, or `0,4,1,5,...`."""
+  text = text.strip()
+  m = _IOTA.match(text)
+  if m:
+    dims = [int(d) for d in m.group(1).split(",")]
+    source = [int(d) for d in m.group(2).split(",")] if m.group(2) else dims
+    ids = np.arange(count).reshape(source)
+    if m.group(3):
+      ids = ids.transpose([int(p) for p in m.group(3).split(",")])
+    return tuple(int(i) for i in ids.reshape(-1))
+  try:
+    ids = tuple(int(i) for i in text.split(","))
+  except ValueError:
+    raise NotPartitionable(f"device ids {text!r} in the partitioned program are in a form "
+                           "the route does not read") from None
+  if sorted(ids) != list(range(count)):
+    raise NotPartitionable(f"device ids {text!r} are not a permutation of {count} devices")
+  return ids
+
+
+def _restore_mesh_device_ids(module: ir.Module, device_ids: dict) -> None:
+  """Give each sdy.mesh of the converted program the device ids XLA's program had."""
+  for op in module.body.operations:
+    if op.operation.name != "sdy.mesh":
+      continue
+    mesh = sdy.MeshAttr(op.attributes["mesh"])
+    axes = tuple((sdy.MeshAxisAttr(a).name, int(sdy.MeshAxisAttr(a).size)) for a in mesh.axes)
+    ids = device_ids.get(axes)
+    if ids is None or ids == tuple(range(len(ids))):
+      continue
+    text = ", ".join(f'"{name}"={size}' for name, size in axes)
+    op.attributes["mesh"] = ir.Attribute.parse(
+        f"#sdy.mesh<[{text}], device_ids=[{', '.join(map(str, ids))}]>", module.context)
 
 
 def _dense_replica_groups(module: ir.Module) -> None:
