@@ -116,6 +116,13 @@ def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[set[int], set[st
   return num_set, name_set
 
 
+def _dtype_name(dtype) -> str:
+  try:
+    return np.dtype(dtype).name
+  except TypeError:
+    return str(dtype)
+
+
 def _leaf_key(x) -> Any:
   """What a dynamic argument contributes to the cache key: its abstract value."""
   if hasattr(x, "shape") and hasattr(x, "dtype"):
@@ -231,7 +238,8 @@ class Jitted:
 
   def _record(self, records, seconds, tpu, args, kwargs, **extra) -> None:
     leaves = jax.tree_util.tree_leaves((args, kwargs))
-    sig = ", ".join(f"{np.dtype(x.dtype).name}{list(x.shape)}" for x in leaves
+    # str(dtype): a typed PRNG key's dtype (key<fry>) is no NumPy dtype.
+    sig = ", ".join(f"{_dtype_name(x.dtype)}{list(x.shape)}" for x in leaves
                     if hasattr(x, "shape"))
     name = getattr(self._fun, "__name__", "fun")
     low = LoweringReport(f"{name}({sig})", tuple(records), seconds, tpu, **extra)

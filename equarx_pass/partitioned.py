@@ -104,8 +104,12 @@ def _compile_and_dump(lowered):
   rounds nothing else but is still a printed form.  The proto is the module itself.
   """
   with tempfile.TemporaryDirectory(prefix="equarx_spmd_") as tmp:
+    # rgv3_materialization off: XLA then writes the collectives' groups as device lists
+    # (iota or explicit), which the conversion to StableHLO keeps; in its mesh-axes form
+    # the conversion drops each collective's device order (see mesh_device_ids).
     options = {"xla_dump_to": tmp, "xla_dump_hlo_pass_re": PARTITION_PASS,
-               "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": False}
+               "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": False,
+               "xla_enable_rgv3_materialization": False}
     compiled = lowered.compile(compiler_options=options)
     # module_NNNN.jit_f.NNNN.spmd-partitioner.after_spmd-partitioning.before_X.hlo.pb
     names = sorted(n for n in os.listdir(tmp)
@@ -160,8 +164,10 @@ def _proto_varint(data: bytes, pos: int) -> tuple[int, int]:
 
 
 def _only_mesh(module: ir.Module):
-  """The module's one sdy.mesh: (symbol name, match.Mesh)."""
-  meshes = match.module_facts(module).meshes
+  """The module's one sdy.mesh with axes: (symbol name, match.Mesh).  A mesh of no
+  axes (JAX's @empty_mesh, for values on one device such as a typed PRNG key or an
+  optimizer's step count made outside jit) shards nothing, so it is not counted."""
+  meshes = [(name, mesh) for name, mesh in match.module_facts(module).meshes if mesh.axis_names]
   if len(meshes) != 1:
     raise NotPartitionable(f"the program uses {len(meshes)} device meshes; the "
                            "partitioned route handles exactly one")
