@@ -24,7 +24,7 @@ step, so XLA can overlap one's transfer with another's arithmetic) and, for the
 bidirectional ring, the counter-clockwise half.  q() packs the codes and the f32
 scales (as bytes) into one int8 payload so a lane moves with a single permute.
 For int4 rows of an even number of blocks, partial_l is carried as its two halves,
-whose codes share the bytes (_Emitter.block_parts).
+whose codes share the bytes (Emitter.block_parts).
 Two-shot replaces both loops by all_to_all -> f32 sum loop -> all_gather.
 """
 
@@ -67,7 +67,7 @@ class RingPlan:
   unrolled: bool = False    # ring schemes: reduce-scatter steps written out, not looped
 
 
-def _tensor(shape, element_type) -> ir.RankedTensorType:
+def tensor(shape, element_type) -> ir.RankedTensorType:
   return ir.RankedTensorType.get(list(shape), element_type)
 
 
@@ -75,7 +75,7 @@ def _shape(x) -> tuple[int, ...]:
   return tuple(ir.RankedTensorType(x.type).shape)
 
 
-class _Emitter:
+class Emitter:
   """Small typed helpers over the op builders; every value is a ranked tensor."""
 
   def __init__(self):
@@ -88,11 +88,11 @@ class _Emitter:
   # constants
   def const(self, array: np.ndarray, element_type) -> ir.Value:
     array = np.ascontiguousarray(array)
-    attr = ir.DenseElementsAttr.get(array, type=_tensor(array.shape, element_type))
+    attr = ir.DenseElementsAttr.get(array, type=tensor(array.shape, element_type))
     return hlo.ConstantOp(attr).result
 
   def splat(self, value, shape, element_type) -> ir.Value:
-    t = _tensor(shape, element_type)
+    t = tensor(shape, element_type)
     scalar = (ir.FloatAttr.get(element_type, float(value))
               if isinstance(element_type, ir.FloatType)
               else ir.IntegerAttr.get(element_type, int(value)))
@@ -103,18 +103,18 @@ class _Emitter:
 
   def groups_attr(self, groups) -> ir.Attribute:
     array = np.array(groups, np.int64)
-    return ir.DenseIntElementsAttr.get(array, type=_tensor(array.shape, self.i64))
+    return ir.DenseIntElementsAttr.get(array, type=tensor(array.shape, self.i64))
 
   # shape ops
   def reshape(self, x, shape) -> ir.Value:
     if _shape(x) == tuple(shape):
       return x
-    return hlo.ReshapeOp(_tensor(shape, ir.RankedTensorType(x.type).element_type), x).result
+    return hlo.ReshapeOp(tensor(shape, ir.RankedTensorType(x.type).element_type), x).result
 
   def convert(self, x, element_type) -> ir.Value:
     if ir.RankedTensorType(x.type).element_type == element_type:
       return x
-    return hlo.ConvertOp(_tensor(_shape(x), element_type), x).result
+    return hlo.ConvertOp(tensor(_shape(x), element_type), x).result
 
   def widen(self, x, narrow) -> ir.Value:
     """f32 of x; x holds the bits of `narrow` (a 16-bit float type) as i16, or is f32."""
@@ -123,7 +123,7 @@ class _Emitter:
     return self.convert(self.bitcast(x, _shape(x), narrow), self.f32)
 
   def bitcast(self, x, shape, element_type) -> ir.Value:
-    return hlo.BitcastConvertOp(_tensor(shape, element_type), x).result
+    return hlo.BitcastConvertOp(tensor(shape, element_type), x).result
 
   def slice(self, x, start, limit) -> ir.Value:
     return hlo.SliceOp(x, list(start), list(limit), [1] * len(start)).result
@@ -135,7 +135,7 @@ class _Emitter:
     """x[starts[0]:starts[0]+sizes[0], ...], `starts` traced i32 scalars."""
     element_type = ir.RankedTensorType(x.type).element_type
     return hlo.DynamicSliceOp(x, list(starts), list(sizes),
-                              results=[_tensor(tuple(sizes), element_type)]).result
+                              results=[tensor(tuple(sizes), element_type)]).result
 
   def dynamic_rows(self, x, row, col, rows, width) -> ir.Value:
     """x[row:row+rows, col:col+width] of a 2-D x, `row` a traced i32 scalar."""
@@ -153,7 +153,7 @@ class _Emitter:
 
   def bcast(self, x, shape, dims) -> ir.Value:
     t = ir.RankedTensorType(x.type)
-    return hlo.BroadcastInDimOp(_tensor(shape, t.element_type), x, list(dims)).result
+    return hlo.BroadcastInDimOp(tensor(shape, t.element_type), x, list(dims)).result
 
   # quantization: the ops of quantize.py, in its order
   def magnitude(self, x) -> ir.Value:
@@ -194,7 +194,7 @@ class _Emitter:
       m = rows * _shape(part)[1] // block
       blocks = self.reshape(part, (m, block))
       # Qp1: block metadata.
-      amax = _reduce(self.magnitude(blocks), self.splat(0, (), self.f32), self.f32, 1, hlo.MaxOp)
+      amax = reduce(self.magnitude(blocks), self.splat(0, (), self.f32), self.f32, 1, hlo.MaxOp)
       scale = hlo.MulOp(amax, self.splat(qz.inverse(fmt.qmax), (m,), self.f32)).result
       positive = hlo.CompareOp(scale, self.splat(0, (m,), self.f32),
                                hlo.ComparisonDirectionAttr.get("GT")).result
@@ -202,7 +202,7 @@ class _Emitter:
       reciprocal = hlo.MinOp(hlo.DivOp(self.splat(1, (m,), self.f32), safe).result,
                              self.splat(qz.FLT_MAX, (m,), self.f32)).result
       # Qp2: scale, clamp, cast.
-      codes.append(self._codes(blocks, reciprocal, fmt))
+      codes.append(self.codes(blocks, reciprocal, fmt))
       scales.append(scale)
 
     def scale_bytes():
@@ -227,13 +227,15 @@ class _Emitter:
                            for piece in pieces], 1)
     return self.reshape(payload, (rows, sum(_shape(piece)[1] for piece in pieces)))
 
-  def _codes(self, x, reciprocal, fmt: qz.Format) -> ir.Value:
-    """f32 [m, w] times its row's reciprocal scale, clamped and cast: int8 codes [m, w]."""
-    scaled = hlo.MulOp(x, self.bcast(reciprocal, _shape(x), [0])).result
+  def codes(self, x, reciprocal, fmt: qz.Format) -> ir.Value:
+    """f32 [m, ...] times its block's reciprocal scale (reciprocal [m, ...] over x's
+    leading dimensions), clamped and cast: int8 codes of x's shape."""
+    lead = len(_shape(reciprocal))
+    scaled = hlo.MulOp(x, self.bcast(reciprocal, _shape(x), list(range(lead)))).result
     clamped = hlo.ClampOp(self.splat(-fmt.qmax, (), self.f32), scaled,
                           self.splat(fmt.qmax, (), self.f32)).result
     if fmt.fp8:
-      return self.bitcast(self.convert(clamped, _fp8_type(fmt)), _shape(x), self.i8)
+      return self.bitcast(self.convert(clamped, fp8_type(fmt)), _shape(x), self.i8)
     return self.convert(hlo.RoundNearestEvenOp(clamped).result, self.i8)
 
   def dequantize_rows(self, payload, s: int, block: int, fmt: qz.Format,
@@ -245,7 +247,7 @@ class _Emitter:
     nb = s // block
     codes, scale = self._payload_fields(payload, s, block, fmt)
     if fmt.fp8:
-      values = self.convert(self.bitcast(codes, (rows, s), _fp8_type(fmt)), self.f32)
+      values = self.convert(self.bitcast(codes, (rows, s), fp8_type(fmt)), self.f32)
     elif fmt.bits == 4:
       values = self.convert(self.unpack_int4(codes, qz.nibble_group(block, s),
                                              by_broadcast=not requantized), self.f32)
@@ -382,22 +384,22 @@ class _Emitter:
 
 
 def _part_count(s: int, block: int, fmt: qz.Format) -> int:
-  """How many parts a row of s values is quantized in (_Emitter.block_parts): 2 for int4
+  """How many parts a row of s values is quantized in (Emitter.block_parts): 2 for int4
   rows of an even number of blocks, whose two halves pair in the code bytes
   (quantize.nibble_group), else 1."""
   return 2 if fmt.bits == 4 and qz.pairs_row_halves(block, s) else 1
 
 
-def _fp8_type(fmt: qz.Format) -> ir.Type:
+def fp8_type(fmt: qz.Format) -> ir.Type:
   return {"float8_e4m3fn": ir.Float8E4M3FNType, "float8_e5m2": ir.Float8E5M2Type}[fmt.fp8].get()
 
 
-def _reduce(x, init, element_type, axis: int, combine) -> ir.Value:
-  """combine (hlo.MaxOp, hlo.AddOp, ...) over one axis of a 2-D tensor."""
-  shape = list(_shape(x))
-  del shape[axis]
-  op = hlo.ReduceOp([_tensor(shape, element_type)], [x], [init], [axis])
-  scalar = _tensor((), element_type)
+def reduce(x, init, element_type, axes: int | tuple[int, ...], combine) -> ir.Value:
+  """combine (hlo.MaxOp, hlo.AddOp, ...) over one axis (or several) of a tensor."""
+  axes = (axes,) if isinstance(axes, int) else tuple(axes)
+  shape = [d for i, d in enumerate(_shape(x)) if i not in axes]
+  op = hlo.ReduceOp([tensor(shape, element_type)], [x], [init], list(axes))
+  scalar = tensor((), element_type)
   block = op.body.blocks.append(scalar, scalar)
   with ir.InsertionPoint(block):
     hlo.ReturnOp([combine(block.arguments[0], block.arguments[1]).result])
@@ -410,12 +412,12 @@ def emit_feature_stats(value: ir.Value) -> list[ir.Value]:
   NaN counts as +inf in the absmax (as in quantize.py), so non-finite data shows
   as an infinite range.  calibrate (observe.py) records these.
   """
-  em = _Emitter()
+  em = Emitter()
   rows, features = outlier.rows_and_features(_shape(value))
   x = em.reshape(em.convert(value, em.f32), (rows, features))
   zero = em.splat(0, (), em.f32)
-  absmax = _reduce(em.magnitude(x), zero, em.f32, 0, hlo.MaxOp)
-  square_sum = _reduce(hlo.MulOp(x, x).result, zero, em.f32, 0, hlo.AddOp)
+  absmax = reduce(em.magnitude(x), zero, em.f32, 0, hlo.MaxOp)
+  square_sum = reduce(hlo.MulOp(x, x).result, zero, em.f32, 0, hlo.AddOp)
   mean_square = hlo.MulOp(square_sum, em.splat(1.0 / max(rows, 1), (features,), em.f32)).result
   return [em.reshape(absmax, (1, features)), em.reshape(mean_square, (1, features))]
 
@@ -425,7 +427,7 @@ def _while(init: list[ir.Value], trip_count: int, body_fn) -> list[ir.Value]:
 
   Everything the body uses is carried (no implicit captures), as JAX does.
   """
-  em = _Emitter()
+  em = Emitter()
   operands = [em.i32_scalar(0)] + list(init)
   types = [v.type for v in operands]
   op = hlo.WhileOp(types, operands)
@@ -444,17 +446,17 @@ def _while(init: list[ir.Value], trip_count: int, body_fn) -> list[ir.Value]:
 
 def _unrolled(init: list[ir.Value], trip_count: int, body_fn) -> list[ir.Value]:
   """_while's loop written out: body_fn(s, *carry) for s = 0 .. trip_count - 1."""
-  em = _Emitter()
+  em = Emitter()
   carry = list(init)
   for s in range(trip_count):
     carry = body_fn(em.i32_scalar(s), *carry)
   return carry
 
 
-class _Collectives:
+class Collectives:
   """The collectives of one site: fresh channel handles, the site's groups."""
 
-  def __init__(self, em: _Emitter, plan: RingPlan, channels: ChannelAllocator):
+  def __init__(self, em: Emitter, plan: RingPlan, channels: ChannelAllocator):
     self.em, self.plan, self.channels = em, plan, channels
     self.partition = plan.device_kind == "partition"
 
@@ -473,16 +475,18 @@ class _Collectives:
                           **self._channel()).results[0]
 
   def all_gather(self, x) -> ir.Value:
-    rows, p = _shape(x)
+    """x's copies from every rank of the group, concatenated along dimension 0."""
+    rows, *rest = _shape(x)
     n = self.plan.layout.group_size
     kwargs = self._channel()
     if self.partition:
       kwargs["use_global_device_ids"] = True
-    return hlo.AllGatherOp([_tensor((n * rows, p), self.em.i8)], [x], 0,
+    element_type = ir.RankedTensorType(x.type).element_type
+    return hlo.AllGatherOp([tensor((n * rows, *rest), element_type)], [x], 0,
                            self.em.groups_attr(self.plan.schedule.groups), **kwargs).results[0]
 
 
-def _narrow_float(types) -> ir.Type | None:
+def narrow_float(types) -> ir.Type | None:
   """The operands' common float type if it is 16-bit (bf16, f16), else None."""
   element_types = {t.element_type for t in types}
   if len(element_types) != 1:
@@ -499,16 +503,16 @@ def emit_allreduce(operands: list[ir.Value], plan: RingPlan,
 
   Returns one value per operand with the operand's type.
   """
-  em = _Emitter()
+  em = Emitter()
   scheme, layout = plan.scheme, plan.layout
   n, c = layout.group_size, layout.chunk
-  coll = _Collectives(em, plan, channels)
+  coll = Collectives(em, plan, channels)
 
   # Flatten the operands, lay them out as N chunks, rotate.
   types = [ir.RankedTensorType(v.type) for v in operands]
   sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in types]
   rotating = scheme.rotation != rotation.NONE
-  narrow = _narrow_float(types) if not rotating else None
+  narrow = narrow_float(types) if not rotating else None
   x = em.concat([em.reshape(em.convert(v, narrow or em.f32), (size,))
                  for v, size in zip(operands, sizes)], 0)
   pad = layout.padded - layout.num_values
@@ -550,9 +554,9 @@ def emit_ring_step(payload: ir.Value, local: ir.Value, block: int,
 
   payload: int8 [1, P] as received; local: f32 [1, C], this rank's chunk.
   Returns the int8 [1, P] payload the next permute sends.  The reduce-scatter step's
-  own ops (_Emitter.accumulate, quantize_parts); tools/bench_gpu_step.py times them alone.
+  own ops (Emitter.accumulate, quantize_parts); tools/bench_gpu_step.py times them alone.
   """
-  em = _Emitter()
+  em = Emitter()
   parts = em.accumulate(payload, em.block_parts(local, block, fmt), block, fmt)
   return em.quantize_parts(parts, block, fmt)
 
@@ -585,7 +589,7 @@ def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size,
   ccw_rank = hlo.SubtractOp(em.i32_scalar(n - 1), rank).result
   rank_of = {1: rank, -1: ccw_rank}
   k = len(lanes)
-  # A lane's partial sum is carried as its block parts (_Emitter.block_parts): m values.
+  # A lane's partial sum is carried as its block parts (Emitter.block_parts): m values.
   m = _part_count(lanes[0].size, block, fmt)
 
   def local_parts(chunks_, row, lane):
@@ -674,7 +678,7 @@ class CalibratedPlan:
     return table
 
 
-def _take_columns(em: _Emitter, x, columns) -> ir.Value:
+def _take_columns(em: Emitter, x, columns) -> ir.Value:
   """x[:, columns] of a 2-D tensor, `columns` a static index list (one gather)."""
   rows, _ = _shape(x)
   indices = em.const(np.asarray(columns, np.int32).reshape(-1, 1), em.i32)
@@ -685,7 +689,7 @@ def _take_columns(em: _Emitter, x, columns) -> ir.Value:
                       indices_are_sorted=False).result
 
 
-def _static_quantize(em: _Emitter, x, reciprocal) -> ir.Value:
+def _static_quantize(em: Emitter, x, reciprocal) -> ir.Value:
   """outlier.quantize_static: f32 [rows, F] and reciprocals [rows, F] -> int8 codes."""
   shape = _shape(x)
   clamped = hlo.ClampOp(em.splat(-outlier.QMAX, (), em.f32), hlo.MulOp(x, reciprocal).result,
@@ -697,7 +701,7 @@ def _static_quantize(em: _Emitter, x, reciprocal) -> ir.Value:
   return em.convert(marked, em.i8)
 
 
-def _code_values(em: _Emitter, codes) -> ir.Value:
+def _code_values(em: Emitter, codes) -> ir.Value:
   """outlier.code_values: int8 codes -> f32, NaN for the non-finite marker."""
   shape = _shape(codes)
   marker = hlo.CompareOp(codes, em.splat(outlier.NONFINITE_CODE, shape, em.i8),
@@ -705,14 +709,14 @@ def _code_values(em: _Emitter, codes) -> ir.Value:
   return hlo.SelectOp(marker, em.splat(np.nan, shape, em.f32), em.convert(codes, em.f32)).result
 
 
-def _bf16_bytes(em: _Emitter, x, rows: int) -> ir.Value:
+def _bf16_bytes(em: Emitter, x, rows: int) -> ir.Value:
   """f32 [r, k] -> bf16 (round to nearest even) -> its bytes, int8 [rows, r * k * 2 / rows]."""
   r, k = _shape(x)
   bf16 = em.convert(x, ir.BF16Type.get())
   return em.reshape(em.bitcast(bf16, (r, k, 2), em.i8), (rows, r * k * 2 // rows))
 
 
-def _bf16_values(em: _Emitter, data, r: int, k: int) -> ir.Value:
+def _bf16_values(em: Emitter, data, r: int, k: int) -> ir.Value:
   """int8 bytes of r x k bf16 values -> f32 [r, k]."""
   pairs = em.reshape(data, (r, k, 2))
   return em.convert(em.bitcast(pairs, (r, k), ir.BF16Type.get()), em.f32)
@@ -721,14 +725,14 @@ def _bf16_values(em: _Emitter, data, r: int, k: int) -> ir.Value:
 def emit_calibrated_allreduce(operands: list[ir.Value], plan: CalibratedPlan,
                               channels: ChannelAllocator) -> list[ir.Value]:
   """Emit the calibrated two-shot (outlier.reference, op for op) for one operand."""
-  em = _Emitter()
+  em = Emitter()
   (operand,) = operands
   t = ir.RankedTensorType(operand.type)
   lay = plan.layout
   n, rows, h = lay.group_size, lay.rows, lay.features
   k = len(lay.outliers)
   hn = h - k
-  coll = _Collectives(em, plan, channels)
+  coll = Collectives(em, plan, channels)
 
   # [M, H] f32, rows padded to N chunks of R, columns in wire order.
   x = em.reshape(em.convert(operand, em.f32), (lay.num_rows, h))

@@ -28,6 +28,10 @@ PARTITIONED_MODES = ("auto", "on", "off")
 # (rewrite.py): on, off, or (auto) only for a program compiled for XLA:CPU, the
 # backend where it was measured (BUILD_NOTES, "Compile-time decisions").
 OUTLINE_MODES = ("auto", "on", "off")
+# The platform whose emitted forms the pass writes (tiled.py for "tpu" and "gpu", the
+# flat form of build.py for "cpu"): auto = where equarx_pass.jit compiles the program;
+# for equarx-opt, tpu with --equarx_compile_for=tpu:..., else cpu.
+PLATFORMS = ("auto", "cpu", "tpu", "gpu")
 # Bytes per element of each selectable element type (MLIR spelling).
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
@@ -64,6 +68,7 @@ class Policy:
   # the partitioned program rebuilt around it) but stays the native all-reduce, so the
   # result must equal plain jax.jit's bit for bit.
   identity: bool = False
+  platform: str = "auto"        # whose emitted forms: auto|cpu|tpu|gpu (PLATFORMS)
 
   def __post_init__(self):
     if self.min_bytes < 0:
@@ -82,7 +87,8 @@ class Policy:
                                  ("rotation", self.rotation, ROTATIONS),
                                  ("block_layout", self.block_layout, BLOCK_LAYOUTS),
                                  ("partitioned", self.partitioned, PARTITIONED_MODES),
-                                 ("outline", self.outline, OUTLINE_MODES)):
+                                 ("outline", self.outline, OUTLINE_MODES),
+                                 ("platform", self.platform, PLATFORMS)):
       if value not in choices:
         raise FlagError(f"--equarx_{flag} must be one of {','.join(choices)}, got {value!r}")
     try:
@@ -106,6 +112,17 @@ class Policy:
     """Whether rewritten sites become out-of-line calls in a program that will be
     compiled for `platform` (a JAX platform name, "cpu"; None: not known)."""
     return self.outline == "on" or (self.outline == "auto" and platform == "cpu")
+
+  def target_platform(self, platform: str | None) -> str:
+    """The platform whose forms are emitted, given where the program will be compiled
+    (`platform`, a JAX platform name; None when not known, as for a file)."""
+    if self.platform != "auto":
+      return self.platform
+    if platform in ("cpu", "tpu", "gpu"):
+      return platform
+    if platform == "cuda" or platform == "rocm":
+      return "gpu"
+    return "tpu" if self.compile_for.startswith("tpu:") else "cpu"
 
   @classmethod
   def from_flags(cls, flags: str | None, base: Policy | None = None) -> Policy:
@@ -230,6 +247,10 @@ FLAGS = {f.name: f for f in [
     Flag("equarx_calibration_clip", "calibration_clip", _parse_float,
          "with --equarx_calibration: clip each feature's static range at this many times its "
          "calibrated rms (2.55: MSE-optimal for Gaussian data at 4 bits; 0: off, the absmax)"),
+    Flag("equarx_platform", "platform", _parse_str,
+         "emit the forms that run best on this platform: auto (where equarx_pass.jit "
+         "compiles; for equarx-opt tpu with --equarx_compile_for=tpu:..., else cpu), cpu "
+         "(flat), tpu or gpu (tiled two-shot)"),
     Flag("equarx_identity", "identity", _parse_bool,
          "a faithfulness check: take every route as usual but keep each selected all-reduce "
          "exact (the native op), so results must equal plain jax.jit bit for bit"),

@@ -20,7 +20,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import build, calibration, match, outlier, ring
+from equarx_pass import build, calibration, match, outlier, ring, tiled
 from equarx_pass.errors import InternalError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
@@ -65,7 +65,8 @@ def _ring_bytes_before(site: match.Site) -> int:
   return total
 
 
-def _record(decision: match.Decision, policy: Policy) -> SiteRecord:
+def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> SiteRecord:
+  """flat_why: why the flat form is emitted ("cpu": it is the CPU's form), None: tiled."""
   site = decision.site
   before = _ring_bytes_before(site)
   if isinstance(decision, match.Candidate) and policy.identity:
@@ -73,6 +74,10 @@ def _record(decision: match.Decision, policy: Policy) -> SiteRecord:
   elif isinstance(decision, match.Candidate):
     after = ring.ring_wire_bytes(decision.layout, 0, policy.scheme.fmt).after
     verdict, reason = "rewritten", policy.scheme.describe() + _padding_note(after, before)
+    if flat_why is None:
+      reason += "; tiled form"
+    elif flat_why != "cpu" and not (policy.calibration or policy.identity):
+      reason += f"; {flat_why}"
   if isinstance(decision, match.Candidate):
     reason += _promotion_note(decision.op)
   else:
@@ -119,10 +124,14 @@ def rewrite_module(module: ir.Module, policy: Policy,
   start = time.perf_counter()
   out = copy_module(module)
   outline_into = out if policy.outlines(platform) else None
+  target = policy.target_platform(platform)
+  flat_why = tiled.unsupported(policy.scheme) if target in ("tpu", "gpu") else "cpu"
+  if flat_why is None:
+    policy = tiled.policy_for_tiles(policy)
   facts = match.module_facts(out)
   ops = match.find_all_reduces(out)
   decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
-  records = [_record(d, policy) for d in decisions]
+  records = [_record(d, policy, flat_why) for d in decisions]
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
   calibrated = {} if policy.identity else _calibrated_plans(candidates, policy, records)
   if candidates:
@@ -130,22 +139,25 @@ def rewrite_module(module: ir.Module, policy: Policy,
     with out.context:
       for cand in candidates:
         if policy.identity:
+          # Never outlined: a call boundary keeps the rounding of a bf16 operand that
+          # XLA:CPU may skip inline (excess precision), and the native op needs no call.
           _emit_in_place(cand, functools.partial(_emit_native, cand.op), "the native all-reduce",
-                         "rerun without --equarx_identity", outline_into)
+                         "rerun without --equarx_identity", None)
         elif cand.site.index in calibrated:
           _replace_calibrated(cand, channels, calibrated[cand.site.index], outline_into)
         else:
-          _replace(cand, channels, policy, outline_into)
+          _replace(cand, channels, policy, outline_into, tiled_form=flat_why is None)
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start)
 
 
 def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Policy,
-             outline_into: ir.Module | None) -> None:
+             outline_into: ir.Module | None, tiled_form: bool) -> None:
   plan = build.RingPlan(cand.layout, cand.schedule, cand.site.device_kind,
                         cand.site.num_devices, policy.scheme,
                         unrolled=cand.site.nbytes >= policy.unroll_min_bytes)
-  _emit_in_place(cand, lambda operands: build.emit_allreduce(operands, plan, channels),
+  emit = tiled.emit_two_shot if tiled_form else build.emit_allreduce
+  _emit_in_place(cand, lambda operands: emit(operands, plan, channels),
                  "the quantized ring", "rerun without --equarx_enable or exclude it with "
                  "--equarx_max_bytes/--equarx_dtypes", outline_into)
 

@@ -1,12 +1,13 @@
 """TPU, on paper: what the TPU compiler itself estimates for the native and the rewritten all-reduce.
 
-    python tools/bench_tpu.py                  # about 8 minutes (libtpu compiles: 0.5 s to 200 s)
-    python tools/bench_tpu.py --topology v4:2x2x1 --sizes 1M 32M
+    python tools/bench_tpu.py                  # v5e:2x2 and v4:2x2x1, 1 and 32 MiB: ~5 minutes
+    python tools/bench_tpu.py --topology v4:2x2x1 --sizes 1M 32M --scheme="--equarx_enable"
 
 No TPU is used or needed: libtpu compiles ahead of time for a named topology
-(equarx_pass.compile.compile_for_target).  For each message size and dtype, a
-psum over all chips of the topology is compiled as it is and rewritten by each
-scheme.  Reported, all of it COMPILER ESTIMATES, not measurements:
+(equarx_pass.compile.compile_for_target).  For each topology, message size and dtype,
+a psum of a flat array over all chips is compiled as it is and rewritten by each
+scheme in the form the pass emits for TPU (--equarx_platform=tpu: the tiled form for
+two-shot, tiled.py).  Reported, all of it COMPILER ESTIMATES, not measurements:
 
   optimal_seconds   the TPU compiler's cost_analysis() estimate for one run
   flops, bytes accessed   the same cost analysis (on-chip work and HBM traffic)
@@ -18,6 +19,8 @@ collective-permutes carry no estimate.  So the table also gives the wire bytes
 per chip (counted from the module, tools/wire_bytes.py) and the link bandwidth
 below which the rewrite pays according to these estimates:
   break-even GB/s = (bf16 ring bytes - quantized bytes) / (extra optimal_seconds)
+and, per rewritten program, its most expensive instructions by estimated cycles, so a
+regression names its cause.
 The paper (EQuARX, arXiv 2506.17615) measured 1.8x over the bf16 all-reduce on
 real TPUs; nothing here measures a TPU.
 
@@ -76,6 +79,17 @@ def estimated_cycles(hlo_text: str) -> float:
   return total("ENTRY")
 
 
+def top_instructions(hlo_text: str, count: int = 8) -> list[tuple[float, str, str]]:
+  """The `count` instructions with the most estimated cycles: (cycles, name, shape)."""
+  found = []
+  for line in hlo_text.splitlines():
+    cycles = re.findall(r'"estimated_cycles":"(\d+)"', line)
+    if cycles and " = " in line:
+      name, rest = line.strip().split(" = ", 1)
+      found.append((float(cycles[0]), name.removeprefix("ROOT ").strip(), rest.split(" ")[0][:80]))
+  return sorted(found, reverse=True)[:count]
+
+
 def topology_devices(topology: str) -> int:
   """Number of devices of a TPU topology, asked in a child process (libtpu stays out of
   this one)."""
@@ -92,8 +106,8 @@ def topology_devices(topology: str) -> int:
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   benchlib.add_scheme_argument(ap)
-  ap.add_argument("--topology", default="v5e:2x2")
-  ap.add_argument("--sizes", nargs="+", default=["64K", "1M", "8M", "32M"])
+  ap.add_argument("--topology", nargs="+", default=["v5e:2x2", "v4:2x2x1"])
+  ap.add_argument("--sizes", nargs="+", default=["1M", "32M"])
   ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "tpu.json"))
   args = ap.parse_args()
@@ -101,7 +115,7 @@ def main() -> int:
   # libtpu allows one process at a time unless told otherwise; this process must
   # not load it (the compiles run in child processes), and others' may hold it.
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-  n = topology_devices(args.topology)
+  chips = {topology: topology_devices(topology) for topology in args.topology}
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -112,59 +126,69 @@ def main() -> int:
   import wire_bytes
   from equarx_pass import compile as compile_lib
 
-  jax.config.update("jax_num_cpu_devices", n)
-  mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
-  f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh,
-                            in_specs=P("x"), out_specs=P("x")))
-  # The default scheme's Hadamard rotation takes minutes per size to compile for TPU
-  # (127 s at 1 MiB): ask for it with --scheme and small --sizes.
-  schemes = args.scheme or [benchlib.RING, benchlib.RING + " --equarx_format=int4"]
+  jax.config.update("jax_num_cpu_devices", max(chips.values()))
+  schemes = args.scheme or [
+      "--equarx_enable",                                     # the default scheme
+      "--equarx_enable --equarx_rotation=none",              # int8 two-shot, no rotation
+      benchlib.RING,                                         # int8 ring (flat form)
+      benchlib.RING + " --equarx_format=int4 --equarx_block_size=128",
+  ]
   ok, missing = benchlib.split_schemes(schemes)
-  target = f"tpu:{args.topology}"
-  print(f"{target}: {n} chips; {len(args.sizes) * len(args.dtypes) * (1 + len(ok))} "
+  print(f"{sum(len(args.sizes) * len(args.dtypes) * (1 + len(ok)) for _ in chips)} "
         "ahead-of-time compiles", flush=True)
   rows = []
-  for dtype_name in args.dtypes:
-    dtype = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dtype_name]
-    for size_text in args.sizes:
-      size = benchlib.parse_size(size_text)
-      values = size // np.dtype(dtype).itemsize
-      module = f.lower(jax.ShapeDtypeStruct((n, values), dtype)).compiler_ir("stablehlo")
-      bf16_ring = 2 * (n - 1) * -(-values // n) * 2
-      for scheme in [""] + ok:
-        row = dict(topology=args.topology, dtype=dtype_name, size=size, scheme=scheme,
-                   bf16_ring_bytes=bf16_ring)
-        if scheme:
-          policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0")
-          mod = equarx_pass.rewrite_module(module, policy).module
-          row["wire_bytes"] = wire_bytes.count_module(mod, n).bytes
-        else:
-          mod = module
+  for topology, n in chips.items():
+    target = f"tpu:{topology}"
+    mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+    # A flat array per chip, as a psum of activations or gradients is.
+    f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh,
+                              in_specs=P("x"), out_specs=P("x")))
+    for dtype_name in args.dtypes:
+      dtype = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dtype_name]
+      for size_text in args.sizes:
+        size = benchlib.parse_size(size_text)
+        values = size // np.dtype(dtype).itemsize
+        module = f.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
+        bf16_ring = 2 * (n - 1) * -(-values // n) * 2
+        for scheme in [""] + ok:
+          row = dict(topology=topology, dtype=dtype_name, size=size, scheme=scheme,
+                     bf16_ring_bytes=bf16_ring)
+          if scheme:
+            policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0")
+            result = equarx_pass.rewrite_module(module, policy, "tpu")
+            mod = result.module
+            row["form"] = result.records[0].reason
+          else:
+            mod = module
           # The native all-reduce in its own dtype, as a ring would send it.
           row["wire_bytes"] = wire_bytes.count_module(mod, n).bytes
-        try:
-          tc = compile_lib.compile_for_target(str(mod), target)
-        except Exception as e:
-          rows.append(dict(row, error=f"{type(e).__name__}: {str(e)[:200]}"))
-          print("  " + rows[-1]["error"], flush=True)
-          continue
-        row.update(compile_s=tc.seconds, permutes=tc.permutes, s8_permutes=tc.quantized_permutes,
-                   all_reduces=tc.all_reduces, cost=tc.cost,
-                   optimal_seconds=tc.cost.get("optimal_seconds"),
-                   flops=tc.cost.get("flops"), bytes_accessed=tc.cost.get("bytes accessed"),
-                   est_cycles=estimated_cycles(tc.hlo_text))
-        rows.append(row)
-        print(f"  {dtype_name} {benchlib.fmt_bytes(size):>8} "
-              f"{benchlib.scheme_label(scheme) if scheme else 'native':<12} "
-              f"optimal {row['optimal_seconds'] * 1e6:9.1f} us  compile {tc.seconds:.1f} s",
-              flush=True)
+          try:
+            tc = compile_lib.compile_for_target(str(mod), target)
+          except Exception as e:
+            rows.append(dict(row, error=f"{type(e).__name__}: {str(e)[:200]}"))
+            print("  " + rows[-1]["error"], flush=True)
+            continue
+          row.update(compile_s=tc.seconds, permutes=tc.permutes,
+                     s8_permutes=tc.quantized_permutes, all_reduces=tc.all_reduces,
+                     cost=tc.cost, optimal_seconds=tc.cost.get("optimal_seconds"),
+                     flops=tc.cost.get("flops"), bytes_accessed=tc.cost.get("bytes accessed"),
+                     est_cycles=estimated_cycles(tc.hlo_text),
+                     top_instructions=top_instructions(tc.hlo_text))
+          rows.append(row)
+          print(f"  {topology} {dtype_name} {benchlib.fmt_bytes(size):>8} "
+                f"{benchlib.scheme_label(scheme) if scheme else 'native':<16} "
+                f"optimal {row['optimal_seconds'] * 1e6:9.1f} us  compile {tc.seconds:.1f} s",
+                flush=True)
+          if scheme and size == max(map(benchlib.parse_size, args.sizes)):
+            for cycles, name, shape in row["top_instructions"][:4]:
+              print(f"      {cycles:>9.0f} cycles  {name}  {shape}", flush=True)
 
-  cols = ["dtype", "size", "program", "wire bytes/chip", "x less than bf16 ring",
-          "optimal_seconds (us)", "est. cycles", "flops", "HBM bytes", "break-even GB/s",
-          "compile s"]
+  cols = ["topology", "dtype", "size", "program", "wire bytes/chip", "x less than bf16 ring",
+          "optimal_seconds (us)", "x native on chip", "HBM bytes", "x native HBM",
+          "break-even GB/s", "compile s"]
   table_rows = []
   for r in rows:
-    t = {"dtype": r["dtype"], "size": benchlib.fmt_bytes(r["size"]),
+    t = {"topology": r["topology"], "dtype": r["dtype"], "size": benchlib.fmt_bytes(r["size"]),
          "program": benchlib.scheme_label(r["scheme"]) if r["scheme"] else "native all-reduce",
          "wire bytes/chip": benchlib.fmt_bytes(r["wire_bytes"])}
     if "error" in r:
@@ -172,10 +196,15 @@ def main() -> int:
       table_rows.append(t)
       continue
     native = next((o for o in rows if o["dtype"] == r["dtype"] and o["size"] == r["size"]
-                   and not o["scheme"] and "optimal_seconds" in o), None)
+                   and o["topology"] == r["topology"] and not o["scheme"]
+                   and "optimal_seconds" in o), None)
     if r["scheme"]:
       t["x less than bf16 ring"] = f"{r['bf16_ring_bytes'] / r['wire_bytes']:.2f}"
       if native:
+        r["x_native_on_chip"] = r["optimal_seconds"] / native["optimal_seconds"]
+        r["x_native_hbm"] = r["bytes_accessed"] / native["bytes_accessed"]
+        t["x native on chip"] = f"{r['x_native_on_chip']:.2f}"
+        t["x native HBM"] = f"{r['x_native_hbm']:.2f}"
         extra = r["optimal_seconds"] - native["optimal_seconds"]
         saved = r["bf16_ring_bytes"] - r["wire_bytes"]
         r["extra_optimal_seconds"] = extra
@@ -183,18 +212,18 @@ def main() -> int:
           r["break_even_gbps"] = saved / extra / 1e9
           t["break-even GB/s"] = f"{r['break_even_gbps']:.1f}"
     t.update({"optimal_seconds (us)": f"{r['optimal_seconds'] * 1e6:.1f}",
-              "est. cycles": f"{r['est_cycles']:.0f}", "flops": f"{r['flops']:.3g}",
               "HBM bytes": benchlib.fmt_bytes(r["bytes_accessed"]),
               "compile s": f"{r['compile_s']:.1f}"})
     table_rows.append(t)
-  print(f"TPU compiler estimates for {target} (not measurements; the paper measured "
+  print(f"TPU compiler estimates for {', '.join(chips)} (not measurements; the paper measured "
         f"{PAPER_SPEEDUP}x over the bf16 all-reduce on TPUs)")
   print(benchlib.table(table_rows, cols))
   if missing:
     print("not available in this checkout: " + ", ".join(benchlib.scheme_label(s) for s in missing))
-  benchlib.write_results(args.out, rows, table_rows, cols, target=target, chips=n,
+  benchlib.write_results(args.out, rows, table_rows, cols, targets=list(chips), chips=chips,
                          paper_speedup=PAPER_SPEEDUP, unavailable=missing)
-  plot(rows, os.path.splitext(args.out)[0] + ".png", target)
+  plot([r for r in rows if r["topology"] == args.topology[0]],
+       os.path.splitext(args.out)[0] + ".png", f"tpu:{args.topology[0]}")
   return 0
 
 
