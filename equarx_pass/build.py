@@ -535,7 +535,7 @@ def emit_allreduce(operands: list[ir.Value], plan: RingPlan,
   if scheme.algorithm == scheme_lib.TWO_SHOT:
     values = _emit_two_shot(em, coll, widen(chunks), layout, scheme.fmt, rotation_size)
   else:
-    values = _emit_ring(em, coll, chunks, widen, _rank(em, plan, coll), layout, scheme,
+    values = _emit_ring(em, coll, chunks, widen, group_rank(em, plan, coll), layout, scheme,
                         rotation_size, plan.unrolled)
 
   # values: f32 [N, C], the same bits on every rank of the group.
@@ -561,7 +561,7 @@ def emit_ring_step(payload: ir.Value, local: ir.Value, block: int,
   return em.quantize_parts(parts, block, fmt)
 
 
-def _rank(em, plan, coll) -> ir.Value:
+def group_rank(em, plan, coll) -> ir.Value:
   """This device's position in its group, an i32 scalar."""
   (rank,) = _per_device(em, coll, [plan.schedule.rank_table(plan.num_devices)])
   return rank

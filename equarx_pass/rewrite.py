@@ -156,7 +156,7 @@ def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Po
   plan = build.RingPlan(cand.layout, cand.schedule, cand.site.device_kind,
                         cand.site.num_devices, policy.scheme,
                         unrolled=cand.site.nbytes >= policy.unroll_min_bytes)
-  emit = tiled.emit_two_shot if tiled_form else build.emit_allreduce
+  emit = tiled.emit if tiled_form else build.emit_allreduce
   _emit_in_place(cand, lambda operands: emit(operands, plan, channels),
                  "the quantized ring", "rerun without --equarx_enable or exclude it with "
                  "--equarx_max_bytes/--equarx_dtypes", outline_into)

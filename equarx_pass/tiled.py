@@ -1,25 +1,29 @@
-"""The tiled form of the two-shot all-reduce: what TPUs and GPUs get.
+"""The tiled forms of the two-shot and ring all-reduces: what TPUs and GPUs get.
 
-The same algorithm as two_shot.py (and the same bits, without a rotation), emitted in
-shapes an accelerator's compiler lays out without copies:
+The same algorithms as two_shot.py and ring.py (and the same bits, without a rotation),
+emitted in shapes an accelerator's compiler lays out without copies:
 
-  x:[N, R, S, W] f32   the operands, flat and padded (as the flat form), viewed as N
+  x:[N, R, S, W]       the operands, flat and padded (as the flat form), viewed as N
                        chunks of R blocks, each block S rows of W lanes (W = 128 when
-                       the block is a multiple of 128: one TPU vreg row; else the block)
-  q, s                 codes int8 [N, R, S, W], scales f32 [N, R]: two arrays, each with
-                       its own all_to_all (no scale bytes packed into the codes, whose
+                       the block is a multiple of 128: one TPU vreg row; else the block);
+                       16-bit floats stay 16-bit until read
+  q, s                 codes int8 [.., R, S, W] and scales f32 [.., R]: two arrays, each on
+                       its own collective (no scale bytes packed into the codes, whose
                        tiny minor dimension a TPU tiles 128 to 1)
-  acc:[R, S, W] f32    dq(q_0) + dq(q_1) + ... + dq(q_N-1), in group order, written out
-                       (no loop that carries every chunk)
-  q', s'               quantized once; all_gather of each: [N R, S, W], [N R]
-  out                  dq, every rank the same bytes; then the operands' shapes and types
+  two-shot             all_to_all of every chunk; acc = dq(q_0) + ... + dq(q_N-1) in group
+                       order, written out; quantized once; all_gather
+  ring                 N-1 reduce-scatter steps written out (no loop that carries every
+                       chunk): quantize, permute, dq + this rank's chunk; quantized once;
+                       all_gather (the bytes the ring's all-gather steps forward)
+  out                  dq of the gathered codes, every rank the same bytes; the operands'
+                       shapes and types
 
 The rotation, where the scheme has one, is a dot_general with the +-1 Hadamard matrix
 over the last dimension of [..., size]: one small matmul per tile, which TPUs (MXU) and
 GPUs (tensor cores) run next to free.  The inverse rotation runs on the codes (small
 integers, whose sums f32 holds exactly in any order), so only the forward rotation's
-rounding differs from the butterflies of the flat form (rotation.py); its precision is
-HIGHEST so a TPU does not round the values to bf16 first.
+rounding differs from the butterflies of the flat form (rotation.py); f32 operands use
+HIGHEST precision so a TPU does not round them to bf16 first.
 
 The flat form (build.py) is what XLA:CPU runs fastest; see BUILD_NOTES ("Emitted forms").
 """
@@ -39,8 +43,10 @@ LANES = 128
 
 def unsupported(scheme: scheme_lib.Scheme) -> str | None:
   """Why `scheme` has no tiled form (then the flat form is emitted), or None."""
-  if scheme.algorithm != scheme_lib.TWO_SHOT:
-    return f"the tiled form is two_shot's; {scheme.algorithm} is emitted flat"
+  if scheme.algorithm not in (scheme_lib.TWO_SHOT, scheme_lib.RING):
+    return f"the tiled form is two_shot's and ring's; {scheme.algorithm} is emitted flat"
+  if scheme.microshards > 1:
+    return "the tiled ring has one lane; microshards are emitted flat"
   if scheme.fmt.bits != 8:
     return f"the tiled form has 8-bit codes; {scheme.format} is emitted flat"
   if scheme.block_layout != "fixed":
@@ -65,58 +71,114 @@ def _lanes(block: int) -> int:
   return LANES if block % LANES == 0 else block
 
 
+def emit(operands: list[ir.Value], plan: build.RingPlan,
+         channels: build.ChannelAllocator) -> list[ir.Value]:
+  """The tiled form of plan.scheme's algorithm."""
+  emit_algorithm = emit_ring if plan.scheme.algorithm == scheme_lib.RING else emit_two_shot
+  return emit_algorithm(operands, plan, channels)
+
+
 def emit_two_shot(operands: list[ir.Value], plan: build.RingPlan,
                   channels: build.ChannelAllocator) -> list[ir.Value]:
-  """Emit the tiled two-shot all-reduce of `plan` at the current insertion point; one
-  value per operand, with the operand's type."""
-  em = build.Emitter()
-  coll = build.Collectives(em, plan, channels)
-  scheme, layout, fmt = plan.scheme, plan.layout, plan.scheme.fmt
-  n, c, block = layout.group_size, layout.chunk, layout.block
-  w = _lanes(block)
-  tile = (c // block, block // w, w)           # one chunk: R blocks of S x W
-
-  types = [ir.RankedTensorType(v.type) for v in operands]
-  sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in types]
-  size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
-  # Rotated 16-bit floats enter the matmul as they are: their products with +-1 are
-  # exact and the sums are f32, so nothing is lost and the matmul is one pass.
-  entry = build.narrow_float(types) if size else None
-  entry = entry or em.f32
-  x = em.concat([em.reshape(em.convert(v, entry), (size_,)) for v, size_ in zip(operands, sizes)],
-                0)
-  pad = layout.padded - layout.num_values
-  if pad:
-    x = hlo.PadOp(x, em.splat(0, (), entry), [0], [pad], [0]).result
-  x = em.reshape(x, (n, *tile))
-  if size:
-    # (H / size) x in one matmul: the power-of-two scale is exact in the matrix, and the
-    # products with it too (the same value as scaling first, unless a sum overflows).
-    x = _rotate(em, x, size, exact=False, scale=rotation.norm(size))
-  codes, scales = _quantize(em, em.convert(x, em.f32), fmt)
-  codes, scales = coll.all_to_all(codes), coll.all_to_all(scales)   # index j: from rank j
+  """The tiled two-shot all-reduce of `plan` at the current insertion point; one value per
+  operand, with the operand's type."""
+  site = _Site(operands, plan, channels)
+  codes, scales = _quantize(site.em, site.em.convert(site.chunks, site.em.f32), site.fmt)
+  codes, scales = site.coll.all_to_all(codes), site.coll.all_to_all(scales)   # j: from rank j
   acc = None
-  for j in range(n):
-    term = _dequantize(em, _row(em, codes, j), _row(em, scales, j), fmt)
-    # The new term first: XLA:CPU contracts a multiply and an add into an FMA, and where
-    # both operands of the first add are products, LLVM fuses its first operand's.  So
-    # the sum is fma(q_1, s_1, q_0 s_0), ... as quantize.fused_multiply_add has it.
-    acc = term if acc is None else hlo.AddOp(term, acc).result
-  codes, scales = _quantize(em, acc, fmt)
-  codes, scales = coll.all_gather(codes), coll.all_gather(scales)   # [N R, S, W], [N R]
-  if size:
-    values = _rotate(em, _code_values(em, codes, fmt), size, exact=True)
-    values = hlo.MulOp(values, em.bcast(scales, _shape(values), [0])).result
-  else:
-    values = _dequantize(em, codes, scales, fmt)
+  for j in range(site.n):
+    term = _dequantize(site.em, _row(site.em, codes, j), _row(site.em, scales, j), site.fmt)
+    acc = term if acc is None else _add(term, acc)
+  codes, scales = _quantize(site.em, acc, site.fmt)
+  return site.finish(site.coll.all_gather(codes), site.coll.all_gather(scales))
 
-  flat = em.reshape(values, (n * c,))
-  results, offset = [], 0
-  for t, count in zip(types, sizes):
-    piece = em.slice(flat, (offset,), (offset + count,))
-    results.append(em.convert(em.reshape(piece, t.shape), t.element_type))
-    offset += count
-  return results
+
+def emit_ring(operands: list[ir.Value], plan: build.RingPlan,
+              channels: build.ChannelAllocator) -> list[ir.Value]:
+  """The tiled ring all-reduce (ring.py's schedule): N-1 reduce-scatter steps written out,
+  each quantize -> permute codes and scales -> dequantize + this rank's chunk; the owned
+  chunk quantized once; then one all_gather of the quantized chunks (the bytes the ring's
+  all-gather steps would forward, unchanged)."""
+  site = _Site(operands, plan, channels)
+  em, n = site.em, site.n
+  rank = build.group_rank(em, plan, site.coll)
+
+  def local(index):
+    """This rank's chunk `index` (a traced i32 scalar), f32 [R, S, W]."""
+    zero = em.i32_scalar(0)
+    shape = _shape(site.chunks)
+    piece = em.dynamic_slice(site.chunks, [index, zero, zero, zero], (1, *shape[1:]))
+    return em.convert(em.reshape(piece, shape[1:]), em.f32)
+
+  partial = local(rank)
+  for step in range(n - 1):
+    codes, scales = _quantize(em, partial, site.fmt)
+    codes, scales = site.coll.permute(codes, 1), site.coll.permute(scales, 1)
+    index = em.mod(em.add_i32(rank, -step - 1), n)
+    partial = _add(_dequantize(em, codes, scales, site.fmt), local(index))
+  codes, scales = _quantize(em, partial, site.fmt)   # rank r owns chunk (r + 1) mod N
+  codes, scales = site.coll.all_gather(codes), site.coll.all_gather(scales)
+  # Row block j came from rank j, which owns chunk (j + 1) mod N: chunk 0 is the last.
+  r = site.tile[0]
+  codes = em.concat([em.slice(codes, (r * (n - 1), 0, 0), _shape(codes)),
+                     em.slice(codes, (0, 0, 0), (r * (n - 1), *_shape(codes)[1:]))], 0)
+  scales = em.concat([em.slice(scales, (r * (n - 1),), _shape(scales)),
+                      em.slice(scales, (0,), (r * (n - 1),))], 0)
+  return site.finish(codes, scales)
+
+
+class _Site:
+  """What both algorithms share: the operands as N chunks of tiles (rotated, where the
+  scheme rotates), and the way back from the gathered codes to the operands' values."""
+
+  def __init__(self, operands, plan: build.RingPlan, channels: build.ChannelAllocator):
+    em = self.em = build.Emitter()
+    self.coll = build.Collectives(em, plan, channels)
+    scheme, layout = plan.scheme, plan.layout
+    self.fmt = scheme.fmt
+    self.n, c, block = layout.group_size, layout.chunk, layout.block
+    w = _lanes(block)
+    self.tile = (c // block, block // w, w)           # one chunk: R blocks of S x W
+    self.types = [ir.RankedTensorType(v.type) for v in operands]
+    self.sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in self.types]
+    self.size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
+    # 16-bit floats stay 16-bit until a step reads them (exact), and enter the rotation's
+    # matmul as they are: their products with +-1 are exact and the sums f32.
+    entry = build.narrow_float(self.types) or em.f32
+    x = em.concat([em.reshape(em.convert(v, entry), (count,))
+                   for v, count in zip(operands, self.sizes)], 0)
+    pad = layout.padded - layout.num_values
+    if pad:
+      x = hlo.PadOp(x, em.splat(0, (), entry), [0], [pad], [0]).result
+    x = em.reshape(x, (self.n, *self.tile))
+    if self.size:
+      # (H / size) x in one matmul: the power-of-two scale is exact in the matrix and in
+      # the products (the same value as scaling first, unless a sum overflows).
+      x = _rotate(em, x, self.size, exact=False, scale=rotation.norm(self.size))
+    self.chunks = x
+
+  def finish(self, codes, scales) -> list[ir.Value]:
+    """All N chunks' codes [N R, S, W] and scales [N R], in chunk order -> the results."""
+    em = self.em
+    if self.size:
+      values = _rotate(em, _code_values(em, codes, self.fmt), self.size, exact=True)
+      values = hlo.MulOp(values, em.bcast(scales, _shape(values), [0])).result
+    else:
+      values = _dequantize(em, codes, scales, self.fmt)
+    flat = em.reshape(values, (self.n * int(np.prod(self.tile)),))
+    results, offset = [], 0
+    for t, count in zip(self.types, self.sizes):
+      piece = em.slice(flat, (offset,), (offset + count,))
+      results.append(em.convert(em.reshape(piece, t.shape), t.element_type))
+      offset += count
+    return results
+
+
+def _add(term, acc) -> ir.Value:
+  """term + acc, the new term first: XLA:CPU contracts a multiply feeding an add into an
+  FMA, and where both operands of an add are products LLVM fuses the first one's.  So
+  the sum is fma(q, s, acc), as quantize.fused_multiply_add has it."""
+  return hlo.AddOp(term, acc).result
 
 
 def _shape(x) -> tuple[int, ...]:

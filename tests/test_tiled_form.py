@@ -1,4 +1,4 @@
-"""The tiled form (tiled.py, what TPUs and GPUs get) equals the two-shot model.
+"""The tiled forms (tiled.py, what TPUs and GPUs get) equal the two-shot and ring models.
 
 Run on the 8 CPU devices with --equarx_platform=tpu: without a rotation the tiled form
 has the flat form's ops in the same order on other shapes, so it equals
@@ -28,8 +28,11 @@ EXACT = [
     "--equarx_rotation=none --equarx_block_size=128",
     "--equarx_rotation=none --equarx_block_size=64",          # lanes = the block
     "--equarx_rotation=none --equarx_format=fp8_e4m3",
+    "--equarx_algorithm=ring --equarx_rotation=none",
+    "--equarx_algorithm=ring --equarx_rotation=none --equarx_block_size=128",
 ]
-ROTATED = ["", "--equarx_block_size=128 --equarx_rotation_size=128"]
+ROTATED = ["", "--equarx_block_size=128 --equarx_rotation_size=128",
+           "--equarx_algorithm=ring --equarx_rotation=hadamard"]
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +83,8 @@ def test_tiled_form_has_no_loop_and_no_packed_scales(inputs):
 
 
 @pytest.mark.parametrize("flags,why", [
-    ("--equarx_algorithm=ring", "ring is emitted flat"),
+    ("--equarx_algorithm=bidirectional", "bidirectional is emitted flat"),
+    ("--equarx_algorithm=ring --equarx_microshards=2", "microshards are emitted flat"),
     ("--equarx_format=int4 --equarx_block_size=128", "int4 is emitted flat"),
 ])
 def test_schemes_without_a_tiled_form_say_so(flags, why, inputs):
@@ -101,13 +105,15 @@ def test_platform_choice():
   assert tiled.unsupported(policy.scheme) is None
 
 
+@pytest.mark.parametrize("algorithm", ["two_shot", "ring"])
 @pytest.mark.parametrize("block", [128, 1024])
-def test_tiled_equals_model_subgroups_bf16(block, inputs):
+def test_tiled_equals_model_subgroups_bf16(block, algorithm, inputs):
   """2x4 mesh, groups of 4, bf16 in and out."""
   mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
   x = inputs.astype(jax.numpy.bfloat16)
   fn = equarx_pass.jit(psum_program(mesh, "tp"),
-                       flags=TILED + f"--equarx_rotation=none --equarx_block_size={block}")
+                       flags=TILED + f"--equarx_rotation=none --equarx_block_size={block} "
+                       f"--equarx_algorithm={algorithm}")
   out = np.asarray(fn(x))
   for group in range(2):
     ranks = range(4 * group, 4 * group + 4)
