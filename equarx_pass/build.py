@@ -255,6 +255,7 @@ class Emitter:
       values = self.convert(codes, self.f32)
     if rotation_size:
       values = self.butterflies(self.reshape(values, (rows * s,)), rotation_size)
+      values = self.times_per_position(values, rotation.signs(rotation_size))
     out = hlo.MulOp(self.reshape(values, (rows * nb, block)),
                     self.bcast(scale, (rows * nb, block), [0])).result
     return self.reshape(out, (rows, s))
@@ -377,10 +378,18 @@ class Emitter:
     return self.reshape(y, (m,))
 
   def hadamard(self, x, size: int) -> ir.Value:
-    """rotation.hadamard on a flat f32 vector: the exact 1/size scale, then the stages."""
+    """rotation.hadamard on a flat f32 vector: the exact signs / size, then the stages."""
+    return self.butterflies(
+        self.times_per_position(x, rotation.signs(size) * rotation.norm(size)), size)
+
+  def times_per_position(self, x, factors: np.ndarray) -> ir.Value:
+    """A flat f32 vector times `factors` (f32 [size]) repeated along it."""
     (m,) = _shape(x)
-    return self.butterflies(hlo.MulOp(x, self.splat(rotation.norm(size), (m,), self.f32)).result,
-                            size)
+    size = factors.shape[0]
+    rows = self.reshape(x, (m // size, size))
+    product = hlo.MulOp(rows, self.bcast(self.const(factors.astype(np.float32), self.f32),
+                                         (m // size, size), [1])).result
+    return self.reshape(product, (m,))
 
 
 def _part_count(s: int, block: int, fmt: qz.Format) -> int:

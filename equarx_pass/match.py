@@ -126,10 +126,14 @@ def find_all_reduces(module: ir.Module) -> list[ir.Operation]:
 
 def unused_all_reduces(module: ir.Module) -> int:
   """All-reduces in private functions that nothing references (never run)."""
-  used = {id(f) for f in called_functions(module)}
+  used = {_name(f) for f in called_functions(module)}
   return sum(1 for op in module.body.operations
-             if op.operation.name == "func.func" and id(op.operation) not in used
+             if op.operation.name == "func.func" and _name(op.operation) not in used
              for inner in walk(op.operation) if is_all_reduce(inner))
+
+
+def _name(function: ir.Operation) -> str:
+  return ir.StringAttr(function.attributes["sym_name"]).value
 
 
 def called_functions(module: ir.Module) -> list[ir.Operation]:

@@ -5,12 +5,13 @@ quantized all-reduce, and rotating the result back, gives the same all-reduce
 (sum(H x_i) = H sum(x_i)) while spreading an outlier over its whole rotation
 block, so it no longer sets the scale for the values that share its block.
 
-H is the Sylvester Hadamard matrix of size R (a power of two): H H = R I.  The
-forward rotation is H / R: a multiply by f32(1/R), exact (a power of two), then
-log2(R) butterfly stages of f32 adds and subtracts (no matmul).  Scaling first
+H is the Sylvester Hadamard matrix of size R (a power of two): H H = R I, and D a fixed
+pseudo-random +-1 diagonal (`signs`).  The forward rotation is (H / R) D: a multiply by
+the constant D / R, exact (a power of two and a sign), then log2(R) butterfly stages of
+f32 adds and subtracts (no matmul).  The inverse is D H.  Scaling first
 keeps every partial sum within max|x|, so nothing overflows however close to
-the f32 maximum the inputs are.  The inverse is H itself, applied to the codes
-(dequantize_rotated).  H / R is orthogonal up to its scale, which absmax
+the f32 maximum the inputs are.  The inverse D H is applied to the codes
+(dequantize_rotated).  (H / R) D is orthogonal up to its scale, which absmax
 quantization does not see: the errors are those of the orthonormal rotation.
 The emitted ops follow exactly this order, so model and program agree bit for bit.
 """
@@ -34,6 +35,22 @@ def norm(size: int) -> np.float32:
   return np.float32(1.0 / size)
 
 
+def signs(size: int) -> np.ndarray:
+  """The fixed pseudo-random +-1 diagonal D (f32 [size]) applied before H: x -> H D x.
+
+  Without it, data with a large common mean (sums of squares, norm statistics) puts the
+  mean of each block into one coefficient, which then sets the block's scale, and every
+  other coefficient is quantized relative to it: sqrt(size) times the error of no
+  rotation.  With random signs the mean spreads like any other vector.  A fixed linear
+  congruential sequence, so the model, every emitter and every NumPy version agree.
+  """
+  state, out = 0x2545F491, np.empty(size, np.float32)
+  for i in range(size):
+    state = (state * 1103515245 + 12345) & 0x7FFFFFFF
+    out[i] = 1.0 if state >> 30 else -1.0
+  return out
+
+
 def stages(size: int) -> list[int]:
   """Half-widths of the butterfly stages: 1, 2, 4, ..., size/2."""
   check_size(size)
@@ -54,10 +71,13 @@ def butterflies(x: np.ndarray, size: int) -> np.ndarray:
 
 
 def hadamard(x: np.ndarray, size: int) -> np.ndarray:
-  """H_size / size applied to each consecutive block of `size` values of a flat f32 vector."""
+  """(H_size / size) D applied to each consecutive block of `size` values of a flat f32
+  vector: one multiply by the constant D / size (exact: a power of two and a sign), then
+  the butterflies."""
+  x = np.asarray(x, np.float32).reshape(-1, size)
   with np.errstate(over="ignore", invalid="ignore", under="ignore"):
-    scaled = (np.asarray(x, np.float32).reshape(-1) * norm(size)).astype(np.float32)
-  return butterflies(scaled, size)
+    scaled = (x * (signs(size) * norm(size))).astype(np.float32)
+  return butterflies(scaled.reshape(-1), size)
 
 
 def dequantize_rotated(codes: np.ndarray, scale: np.ndarray, block: int, fmt,
@@ -73,7 +93,9 @@ def dequantize_rotated(codes: np.ndarray, scale: np.ndarray, block: int, fmt,
   """
   from equarx_pass import quantize as qz
   code_values = qz.codes_to_f32(codes, fmt, block)
-  blocks = butterflies(code_values, size).reshape(scale.shape + (block,))
+  # D H: the butterflies, then the signs (exact), then the scale.
+  unsigned = butterflies(code_values, size).reshape(-1, size) * signs(size)
+  blocks = unsigned.reshape(scale.shape + (block,))
   with np.errstate(over="ignore", invalid="ignore"):
     return (blocks * scale[..., None]).astype(np.float32).reshape(code_values.shape)
 

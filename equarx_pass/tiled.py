@@ -154,14 +154,15 @@ class _Site:
     if self.size:
       # (H / size) x in one matmul: the power-of-two scale is exact in the matrix and in
       # the products (the same value as scaling first, unless a sum overflows).
-      x = _rotate(em, x, self.size, exact=False, scale=rotation.norm(self.size))
+      x = _rotate(em, x, self.size, exact=False, forward=True)
     self.chunks = x
 
   def finish(self, codes, scales) -> list[ir.Value]:
     """All N chunks' codes [N R, S, W] and scales [N R], in chunk order -> the results."""
     em = self.em
     if self.size:
-      values = _rotate(em, _code_values(em, codes, self.fmt), self.size, exact=True)
+      values = _rotate(em, _code_values(em, codes, self.fmt), self.size, exact=True,
+                       forward=False)
       values = hlo.MulOp(values, em.bcast(scales, _shape(values), [0])).result
     else:
       values = _dequantize(em, codes, scales, self.fmt)
@@ -221,8 +222,9 @@ def _dequantize(em: build.Emitter, codes, scales, fmt: qz.Format) -> ir.Value:
   return hlo.MulOp(values, em.bcast(scales, _shape(values), list(range(lead)))).result
 
 
-def _rotate(em: build.Emitter, x, size: int, exact: bool, scale: float = 1.0) -> ir.Value:
-  """The +-1 Hadamard H_size on each consecutive `size` values of x, as one dot_general
+def _rotate(em: build.Emitter, x, size: int, exact: bool, forward: bool) -> ir.Value:
+  """The rotation (forward: (H / size) D; else D H) on each consecutive `size` values of
+  x, as one dot_general
   over [count, size] with an f32 result.  exact: x holds code values (small integers),
   whose products and sums f32 holds exactly, so any precision gives the same bits; so
   do 16-bit floats (x's type).  Else (f32) HIGHEST, so no backend rounds x first."""
@@ -233,8 +235,12 @@ def _rotate(em: build.Emitter, x, size: int, exact: bool, scale: float = 1.0) ->
       x, (int(np.prod(shape, dtype=np.int64)) // size, size))
   rank = len(_shape(flat))
   element_type = ir.RankedTensorType(x.type).element_type
-  h = em.convert(em.const((rotation.matrix(size) * scale).astype(np.float32), em.f32),
-                 element_type)
+  # x @ M for a row x: forward M = D H / size ((H / size) D x as rotation.hadamard has it),
+  # inverse M = H D (D H q).  Both exact in f32 and bf16: entries +-1 or +-2^-k.
+  d = rotation.signs(size).astype(np.float64)
+  h = rotation.matrix(size)
+  matrix = d[:, None] * h * rotation.norm(size) if forward else h * d[None, :]
+  h = em.convert(em.const(matrix.astype(np.float32), em.f32), element_type)
   dims = hlo.DotDimensionNumbers.get(lhs_batching_dimensions=[], rhs_batching_dimensions=[],
                                      lhs_contracting_dimensions=[rank - 1],
                                      rhs_contracting_dimensions=[0])

@@ -237,7 +237,7 @@ def _constants(mesh):
                          lambda length=length: mlp_args(mesh, tokens=max(length, 8)),
                          f"sinusoidal table {length}x{D} (NumPy constant), TP MLP"))
 
-  # The minimal case with several small constants of odd sizes and dtypes.
+  # Constants after an all-reduce: several small ones of odd sizes and dtypes.
   def f(x, w1, w2):
     y = mlp(x, w1, w2)
     out = {}

@@ -38,8 +38,12 @@ def test_v5e_compiles_the_rewritten_4_device_mlp():
   result = rewrite("tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2" + RING)
   tpu = result.tpu
   assert tpu.target == "tpu:v5e:2x2" and tpu.num_devices == 4
-  # The reduce-scatter and the all-gather permute, both moving int8; no all-reduce left.
-  assert (tpu.quantized_permutes, tpu.permutes, tpu.all_reduces) == (2, 2, 0)
+  # The tiled ring (what a TPU gets): 3 reduce-scatter steps written out, each permuting
+  # int8 codes and f32 scales; the all-gather of the codes moves int8 too, and the TPU
+  # compiler makes the all-gather of the tiny scales an all-reduce, the only one left.
+  assert result.records[0].reason.endswith("tiled form")
+  assert (tpu.quantized_permutes, tpu.permutes, tpu.all_reduces) == (3, 6, 1)
+  assert tpu.quantized_collectives == 4
   assert "source_target_pairs={{0,1},{1,2},{2,3},{3,0}}" in tpu.hlo_text
   assert tpu.cost.get("flops", 0) > 0
 

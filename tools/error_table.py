@@ -10,6 +10,8 @@ the wire.  Data sets, f32 per rank:
   gaussian   independent N(0, 1) values
   outlier    Gaussian with 4 of every 4096 channels scaled x100, like LLM
              activations; "outlier/rest" is the error on the other channels alone
+  sumsq      squares of Gaussian values: a large common mean, as the sums of squares
+             of norm statistics
   minilm     the real inputs of the all-reduce sites of all-MiniLM-L6-v2 run
              tensor-parallel over 4 devices (python -m equarx_pass.examples.minilm
              --capture FILE.npz); only N = 4, all sites concatenated
@@ -48,6 +50,7 @@ SCHEMES = [
     f"{B} {NOROT}",
     f"{R} {H}",
     f"{T} {H}",                                   # the default
+    f"{T} {H} --equarx_rotation_size=128",        # the default's tiled form (TPU, GPU)
     f"{T} {H} --equarx_block_size=128",
     f"{R} {H} --equarx_block_size=128",
     f"{R} {NOROT} --equarx_format=int4 --equarx_block_size=128",
@@ -93,7 +96,10 @@ def make_data(n: int, values: int, rng) -> dict:
   view[:, :, hot] *= 100
   rest = np.ones(channels, bool)
   rest[hot] = False
-  return {"gaussian": (gaussian, None), "outlier": (outlier, np.tile(rest, values // channels))}
+  # A large common mean: squares of Gaussian values, as sums of squares in norm statistics.
+  sumsq = rng.standard_normal((n, values)).astype(np.float32) ** 2
+  return {"gaussian": (gaussian, None), "outlier": (outlier, np.tile(rest, values // channels)),
+          "sumsq": (sumsq, None)}
 
 
 def site_calibration(batches) -> calibration.SiteCalibration:
@@ -176,6 +182,8 @@ def _calibrate_synthetic(data, rest, n: int, name: str, seed: int):
     x = draw_rng.standard_normal(data.shape).astype(np.float32).reshape(n, -1, CHANNELS)
     if hot is not None:
       x[:, :, hot] *= 100
+    if name == "sumsq":
+      x = x ** 2
     batches.append(x)
   return site_calibration(batches), time.perf_counter() - start
 
@@ -229,7 +237,7 @@ def run(schemes, groups, values, activations=None, seed=0) -> list[dict]:
   return rows
 
 
-COLUMNS = ["gaussian", "outlier", "outlier/rest", "minilm"]
+COLUMNS = ["gaussian", "outlier", "outlier/rest", "sumsq", "minilm"]
 
 
 def _format_row(row) -> str:
