@@ -10,8 +10,14 @@ The collective algorithm and its NumPy model are in ring.py and quantize.py.
 # First: refuses a JAX outside the supported range, naming it (see _version.py).
 from equarx_pass._version import SUPPORTED_JAX, __version__
 
-from equarx_pass.errors import (CompileError, EquarxError, FlagError, ParseError,
-                                RewriteError, VerifyError)
+from equarx_pass.errors import (
+  CompileError,
+  EquarxError,
+  FlagError,
+  ParseError,
+  RewriteError,
+  VerifyError,
+)
 from equarx_pass.jit import Jitted, Report, jit
 from equarx_pass.parse import parse_bytes, parse_file
 from equarx_pass.observe import calibrate
@@ -20,8 +26,24 @@ from equarx_pass.rewrite import RewriteResult, SiteRecord, rewrite_module
 from equarx_pass.transform import transform_file, transform_text
 
 __all__ = [
-    "CompileError", "EquarxError", "FlagError", "ParseError", "RewriteError", "VerifyError",
-    "Jitted", "Report", "jit", "parse_bytes", "parse_file", "Policy", "RewriteResult",
-    "SiteRecord", "rewrite_module", "transform_file", "transform_text", "calibrate",
-    "SUPPORTED_JAX", "__version__",
+  "CompileError",
+  "EquarxError",
+  "FlagError",
+  "ParseError",
+  "RewriteError",
+  "VerifyError",
+  "Jitted",
+  "Report",
+  "jit",
+  "parse_bytes",
+  "parse_file",
+  "Policy",
+  "RewriteResult",
+  "SiteRecord",
+  "rewrite_module",
+  "transform_file",
+  "transform_text",
+  "calibrate",
+  "SUPPORTED_JAX",
+  "__version__",
 ]

@@ -17,6 +17,7 @@ def make_ir_context() -> ir.Context:
   no dialects registered, and jax.extend exposes no factory.
   """
   from jax._src.interpreters import mlir as jax_mlir
+
   return jax_mlir.make_ir_context()
 
 
@@ -27,6 +28,7 @@ def hlo_text_to_proto(text: str) -> bytes:
   with "was parsing L:C: error: ..." on a syntax error.
   """
   from jaxlib import _hlo
+
   return _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
 
 
@@ -36,6 +38,7 @@ def hlo_proto_to_text(proto: bytes) -> str:
   Private: jaxlib._hlo.HloModule.from_serialized_hlo_module_proto and to_string.
   """
   from jaxlib import _hlo
+
   return _hlo.HloModule.from_serialized_hlo_module_proto(proto).to_string()
 
 
@@ -46,6 +49,7 @@ def mhlo_to_stablehlo(module: ir.Module) -> bytes:
   HLO -> StableHLO direction).  Raises on ops it cannot legalize.
   """
   from jaxlib import _jax
+
   return _jax.mlir.mhlo_to_stablehlo(str(module).encode())
 
 
@@ -58,10 +62,16 @@ def lowered_with_module(lowered, module: ir.Module):
   executable, and mutating it would silently run the old program.
   """
   from jax import stages
+
   new = _lowering_copy(lowered, module, dict(lowered._lowering.compile_args))
-  return stages.Lowered(new, lowered.args_info, lowered.out_tree,
-                        no_kwargs=lowered._no_kwargs, in_types=lowered._in_types,
-                        out_types=lowered._out_types)
+  return stages.Lowered(
+    new,
+    lowered.args_info,
+    lowered.out_tree,
+    no_kwargs=lowered._no_kwargs,
+    in_types=lowered._in_types,
+    out_types=lowered._out_types,
+  )
 
 
 def lowered_platform(lowered) -> str:
@@ -88,6 +98,7 @@ def device_list(devices):
   Private: jax._src.lib.xla_client.DeviceList (jax.extend has no alias).
   """
   from jax._src.lib import xla_client
+
   return xla_client.DeviceList(tuple(devices))
 
 
@@ -125,6 +136,7 @@ def lowered_with_extra_outputs(lowered, module: ir.Module, extra_shapes):
   import numpy as np
   from jax import stages
   from jax._src import sharding_impls
+
   args = dict(lowered._lowering.compile_args)
   extra = [jax.core.ShapedArray(tuple(shape), np.float32) for shape in extra_shapes]
   args["global_out_avals"] = list(args["global_out_avals"]) + extra
@@ -133,5 +145,11 @@ def lowered_with_extra_outputs(lowered, module: ir.Module, extra_shapes):
   new = _lowering_copy(lowered, module, args)
   original = jax.tree_util.tree_unflatten(lowered.out_tree, [0] * lowered.out_tree.num_leaves)
   out_tree = jax.tree_util.tree_structure((original, (0,) * len(extra)))
-  return stages.Lowered(new, lowered.args_info, out_tree, no_kwargs=lowered._no_kwargs,
-                        in_types=lowered._in_types, out_types=None)
+  return stages.Lowered(
+    new,
+    lowered.args_info,
+    out_tree,
+    no_kwargs=lowered._no_kwargs,
+    in_types=lowered._in_types,
+    out_types=None,
+  )

@@ -12,7 +12,7 @@ import re
 
 __version__ = "0.1.0"
 
-SUPPORTED_JAX = ((0, 10, 2), (0, 11, 0))          # [lower, upper), for jax and jaxlib
+SUPPORTED_JAX = ((0, 10, 2), (0, 11, 0))  # [lower, upper), for jax and jaxlib
 SUPPORTED_JAX_SPEC = ">=0.10.2,<0.11"
 
 
@@ -25,20 +25,24 @@ def check_jax_version(jax_version: str, jaxlib_version: str) -> str | None:
   found = {"jax": jax_version, "jaxlib": jaxlib_version}
   if all(SUPPORTED_JAX[0] <= _parse(v) < SUPPORTED_JAX[1] for v in found.values()):
     return None
-  return (f"equarx-pass {__version__} supports jax and jaxlib {SUPPORTED_JAX_SPEC}; found "
-          f"jax {jax_version}, jaxlib {jaxlib_version}. Install a supported JAX "
-          f"(pip install 'jax{SUPPORTED_JAX_SPEC}' 'jaxlib{SUPPORTED_JAX_SPEC}'), or set "
-          "EQUARX_ALLOW_ANY_JAX=1 to try this one anyway.")
+  return (
+    f"equarx-pass {__version__} supports jax and jaxlib {SUPPORTED_JAX_SPEC}; found "
+    f"jax {jax_version}, jaxlib {jaxlib_version}. Install a supported JAX "
+    f"(pip install 'jax{SUPPORTED_JAX_SPEC}' 'jaxlib{SUPPORTED_JAX_SPEC}'), or set "
+    "EQUARX_ALLOW_ANY_JAX=1 to try this one anyway."
+  )
 
 
 def _check_installed_jax() -> None:
   import jax
   import jaxlib
+
   message = check_jax_version(jax.__version__, getattr(jaxlib, "__version__", "0"))
   if message is None:
     return
   if os.environ.get("EQUARX_ALLOW_ANY_JAX") == "1":
     import warnings
+
     warnings.warn(message, RuntimeWarning, stacklevel=2)
   else:
     raise ImportError(message)

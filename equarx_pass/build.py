@@ -61,10 +61,10 @@ class ChannelAllocator:
 class RingPlan:
   layout: ring.ChunkLayout
   schedule: ring.RingSchedule
-  device_kind: str          # "partition" (collectives carry a channel) or "replica"
+  device_kind: str  # "partition" (collectives carry a channel) or "replica"
   num_devices: int
   scheme: scheme_lib.Scheme = scheme_lib.Scheme()
-  unrolled: bool = False    # ring schemes: reduce-scatter steps written out, not looped
+  unrolled: bool = False  # ring schemes: reduce-scatter steps written out, not looped
 
 
 def tensor(shape, element_type) -> ir.RankedTensorType:
@@ -93,9 +93,11 @@ class Emitter:
 
   def splat(self, value, shape, element_type) -> ir.Value:
     t = tensor(shape, element_type)
-    scalar = (ir.FloatAttr.get(element_type, float(value))
-              if isinstance(element_type, ir.FloatType)
-              else ir.IntegerAttr.get(element_type, int(value)))
+    scalar = (
+      ir.FloatAttr.get(element_type, float(value))
+      if isinstance(element_type, ir.FloatType)
+      else ir.IntegerAttr.get(element_type, int(value))
+    )
     return hlo.ConstantOp(ir.DenseElementsAttr.get_splat(t, scalar)).result
 
   def i32_scalar(self, value: int) -> ir.Value:
@@ -134,8 +136,9 @@ class Emitter:
   def dynamic_slice(self, x, starts, sizes) -> ir.Value:
     """x[starts[0]:starts[0]+sizes[0], ...], `starts` traced i32 scalars."""
     element_type = ir.RankedTensorType(x.type).element_type
-    return hlo.DynamicSliceOp(x, list(starts), list(sizes),
-                              results=[tensor(tuple(sizes), element_type)]).result
+    return hlo.DynamicSliceOp(
+      x, list(starts), list(sizes), results=[tensor(tuple(sizes), element_type)]
+    ).result
 
   def dynamic_rows(self, x, row, col, rows, width) -> ir.Value:
     """x[row:row+rows, col:col+width] of a 2-D x, `row` a traced i32 scalar."""
@@ -160,8 +163,7 @@ class Emitter:
     """|x| of an f32 tensor, with NaN counted as +inf (quantize.py): a max kernel
     may drop NaN, never an inf."""
     is_nan = hlo.CompareOp(x, x, hlo.ComparisonDirectionAttr.get("NE")).result
-    return hlo.SelectOp(is_nan, self.splat(np.inf, _shape(x), self.f32),
-                        hlo.AbsOp(x).result).result
+    return hlo.SelectOp(is_nan, self.splat(np.inf, _shape(x), self.f32), hlo.AbsOp(x).result).result
 
   def quantize_rows(self, x, block: int, fmt: qz.Format) -> ir.Value:
     """f32 [rows, s] -> int8 payload [rows, code bytes + 4 * blocks]: codes, then scale bytes."""
@@ -175,11 +177,13 @@ class Emitter:
     rows, s = _shape(x)
     count = _part_count(s, block, fmt)
     w = s // count
-    return [x] if count == 1 else [self.slice(x, (0, i * w), (rows, (i + 1) * w))
-                                   for i in range(count)]
+    return (
+      [x] if count == 1 else [self.slice(x, (0, i * w), (rows, (i + 1) * w)) for i in range(count)]
+    )
 
-  def dynamic_parts(self, chunks, row, col: int, width: int, block: int,
-                    fmt: qz.Format) -> list[ir.Value]:
+  def dynamic_parts(
+    self, chunks, row, col: int, width: int, block: int, fmt: qz.Format
+  ) -> list[ir.Value]:
     """block_parts of chunks[row:row+1, col:col+width] (chunks [N, C], `row` a traced i32
     scalar), each part a dynamic-slice of its own."""
     count = _part_count(width, block, fmt)
@@ -196,18 +200,25 @@ class Emitter:
       # Qp1: block metadata.
       amax = reduce(self.magnitude(blocks), self.splat(0, (), self.f32), self.f32, 1, hlo.MaxOp)
       scale = hlo.MulOp(amax, self.splat(qz.inverse(fmt.qmax), (m,), self.f32)).result
-      positive = hlo.CompareOp(scale, self.splat(0, (m,), self.f32),
-                               hlo.ComparisonDirectionAttr.get("GT")).result
+      positive = hlo.CompareOp(
+        scale, self.splat(0, (m,), self.f32), hlo.ComparisonDirectionAttr.get("GT")
+      ).result
       safe = hlo.SelectOp(positive, scale, self.splat(1, (m,), self.f32)).result
-      reciprocal = hlo.MinOp(hlo.DivOp(self.splat(1, (m,), self.f32), safe).result,
-                             self.splat(qz.FLT_MAX, (m,), self.f32)).result
+      reciprocal = hlo.MinOp(
+        hlo.DivOp(self.splat(1, (m,), self.f32), safe).result,
+        self.splat(qz.FLT_MAX, (m,), self.f32),
+      ).result
       # Qp2: scale, clamp, cast.
       codes.append(self.codes(blocks, reciprocal, fmt))
       scales.append(scale)
 
     def scale_bytes():
-      return [self.reshape(self.bitcast(scale, (_shape(scale)[0], 4), self.i8),
-                           (rows, _shape(scale)[0] // rows * 4)) for scale in scales]
+      return [
+        self.reshape(
+          self.bitcast(scale, (_shape(scale)[0], 4), self.i8), (rows, _shape(scale)[0] // rows * 4)
+        )
+        for scale in scales
+      ]
 
     if len(codes) == 1:
       packed = self.reshape(codes[0], (rows, s))
@@ -223,8 +234,9 @@ class Emitter:
     # the flat form.  The bytes are the same.
     pieces = [self.or_nibbles(*[self.reshape(c, (rows, s // 2)) for c in codes])] + scale_bytes()
     w = math.gcd(block, *[_shape(piece)[1] for piece in pieces])
-    payload = self.concat([self.reshape(piece, (rows, _shape(piece)[1] // w, w))
-                           for piece in pieces], 1)
+    payload = self.concat(
+      [self.reshape(piece, (rows, _shape(piece)[1] // w, w)) for piece in pieces], 1
+    )
     return self.reshape(payload, (rows, sum(_shape(piece)[1] for piece in pieces)))
 
   def codes(self, x, reciprocal, fmt: qz.Format) -> ir.Value:
@@ -232,14 +244,22 @@ class Emitter:
     leading dimensions), clamped and cast: int8 codes of x's shape."""
     lead = len(_shape(reciprocal))
     scaled = hlo.MulOp(x, self.bcast(reciprocal, _shape(x), list(range(lead)))).result
-    clamped = hlo.ClampOp(self.splat(-fmt.qmax, (), self.f32), scaled,
-                          self.splat(fmt.qmax, (), self.f32)).result
+    clamped = hlo.ClampOp(
+      self.splat(-fmt.qmax, (), self.f32), scaled, self.splat(fmt.qmax, (), self.f32)
+    ).result
     if fmt.fp8:
       return self.bitcast(self.convert(clamped, fp8_type(fmt)), _shape(x), self.i8)
     return self.convert(hlo.RoundNearestEvenOp(clamped).result, self.i8)
 
-  def dequantize_rows(self, payload, s: int, block: int, fmt: qz.Format,
-                      rotation_size: int = 0, requantized: bool = False) -> ir.Value:
+  def dequantize_rows(
+    self,
+    payload,
+    s: int,
+    block: int,
+    fmt: qz.Format,
+    rotation_size: int = 0,
+    requantized: bool = False,
+  ) -> ir.Value:
     """int8 payload [rows, P] -> f32 [rows, s]; with a rotation size, also the
     inverse rotation, as rotation.dequantize_rotated does it (on the codes).
     requantized: the values feed a sum that is quantized again (unpack_int4's form)."""
@@ -249,15 +269,17 @@ class Emitter:
     if fmt.fp8:
       values = self.convert(self.bitcast(codes, (rows, s), fp8_type(fmt)), self.f32)
     elif fmt.bits == 4:
-      values = self.convert(self.unpack_int4(codes, qz.nibble_group(block, s),
-                                             by_broadcast=not requantized), self.f32)
+      values = self.convert(
+        self.unpack_int4(codes, qz.nibble_group(block, s), by_broadcast=not requantized), self.f32
+      )
     else:
       values = self.convert(codes, self.f32)
     if rotation_size:
       values = self.butterflies(self.reshape(values, (rows * s,)), rotation_size)
       values = self.times_per_position(values, rotation.signs(rotation_size))
-    out = hlo.MulOp(self.reshape(values, (rows * nb, block)),
-                    self.bcast(scale, (rows * nb, block), [0])).result
+    out = hlo.MulOp(
+      self.reshape(values, (rows * nb, block)), self.bcast(scale, (rows * nb, block), [0])
+    ).result
     return self.reshape(out, (rows, s))
 
   def _payload_fields(self, payload, s: int, block: int, fmt: qz.Format):
@@ -269,23 +291,29 @@ class Emitter:
     scale_bytes = self.reshape(self.slice(payload, (0, code_bytes), (rows, p)), (rows * nb, 4))
     return codes, self.bitcast(scale_bytes, (rows * nb,), self.f32)
 
-  def accumulate(self, payload, local: list[ir.Value], block: int,
-                 fmt: qz.Format) -> list[ir.Value]:
+  def accumulate(
+    self, payload, local: list[ir.Value], block: int, fmt: qz.Format
+  ) -> list[ir.Value]:
     """A ring step's sum, Dq(payload) + local, as block_parts (XLA:CPU fuses each part's
     sum into one FMA).  The int4 halves are unpacked apart: no concatenate."""
     rows, s = _shape(local[0])[0], sum(_shape(part)[1] for part in local)
     if len(local) == 1:
-      return [hlo.AddOp(self.dequantize_rows(payload, s, block, fmt, requantized=True),
-                        local[0]).result]
+      return [
+        hlo.AddOp(self.dequantize_rows(payload, s, block, fmt, requantized=True), local[0]).result
+      ]
     codes, scale = self._payload_fields(payload, s, block, fmt)
     nb, w = s // block, s // 2
-    m = rows * nb // 2                    # blocks per half
+    m = rows * nb // 2  # blocks per half
     scale = self.reshape(scale, (rows, nb))
     out = []
     for i, (half, part) in enumerate(zip(self.nibbles(codes), local)):
-      part_scale = self.reshape(self.slice(scale, (0, i * nb // 2), (rows, (i + 1) * nb // 2)), (m,))
-      values = hlo.MulOp(self.reshape(self.convert(half, self.f32), (m, block)),
-                         self.bcast(part_scale, (m, block), [0])).result
+      part_scale = self.reshape(
+        self.slice(scale, (0, i * nb // 2), (rows, (i + 1) * nb // 2)), (m,)
+      )
+      values = hlo.MulOp(
+        self.reshape(self.convert(half, self.f32), (m, block)),
+        self.bcast(part_scale, (m, block), [0]),
+      ).result
       out.append(hlo.AddOp(self.reshape(values, (rows, w)), part).result)
     return out
 
@@ -295,21 +323,26 @@ class Emitter:
     rows, s = _shape(q)
     groups, half = rows * s // group, group // 2
     q = self.reshape(q, (groups, group))
-    packed = self.or_nibbles(self.slice(q, (0, 0), (groups, half)),
-                             self.slice(q, (0, half), (groups, group)))
+    packed = self.or_nibbles(
+      self.slice(q, (0, 0), (groups, half)), self.slice(q, (0, half), (groups, group))
+    )
     return self.reshape(packed, (rows, s // 2))
 
   def nibbles(self, b) -> list[ir.Value]:
     """int8 bytes -> [low nibbles, high nibbles], each sign-extended: (b << 4) >>a 4, b >>a 4."""
     four = self.splat(4, _shape(b), self.i8)
-    return [hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(b, four).result, four).result,
-            hlo.ShiftRightArithmeticOp(b, four).result]
+    return [
+      hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(b, four).result, four).result,
+      hlo.ShiftRightArithmeticOp(b, four).result,
+    ]
 
   def or_nibbles(self, low, high) -> ir.Value:
     """Two int8 code tensors in [-8, 7] -> one: low & 0xF | high << 4."""
     shape = _shape(low)
-    return hlo.OrOp(hlo.AndOp(low, self.splat(0xF, shape, self.i8)).result,
-                    hlo.ShiftLeftOp(high, self.splat(4, shape, self.i8)).result).result
+    return hlo.OrOp(
+      hlo.AndOp(low, self.splat(0xF, shape, self.i8)).result,
+      hlo.ShiftLeftOp(high, self.splat(4, shape, self.i8)).result,
+    ).result
 
   def unpack_int4(self, packed, group: int, by_broadcast: bool) -> ir.Value:
     """int8 [rows, s/2] -> int8 [rows, s], each nibble sign-extended: low = (b << 4) >>a 4,
@@ -356,10 +389,12 @@ class Emitter:
     def one_pass(y, radix):
       q = size // radix
       group = self.reshape(y, (blocks, q, radix))
-      outs = [self.reshape(self.slice(group, (0, 0, j), (blocks, q, j + 1)), (blocks, 1, q))
-              for j in range(radix)]
+      outs = [
+        self.reshape(self.slice(group, (0, 0, j), (blocks, q, j + 1)), (blocks, 1, q))
+        for j in range(radix)
+      ]
       stride = 1
-      while stride < radix:        # the stage of bit `stride`: pairs (j, j + stride)
+      while stride < radix:  # the stage of bit `stride`: pairs (j, j + stride)
         new = list(outs)
         for j in range(radix):
           if not j & stride:
@@ -380,15 +415,17 @@ class Emitter:
   def hadamard(self, x, size: int) -> ir.Value:
     """rotation.hadamard on a flat f32 vector: the exact signs / size, then the stages."""
     return self.butterflies(
-        self.times_per_position(x, rotation.signs(size) * rotation.norm(size)), size)
+      self.times_per_position(x, rotation.signs(size) * rotation.norm(size)), size
+    )
 
   def times_per_position(self, x, factors: np.ndarray) -> ir.Value:
     """A flat f32 vector times `factors` (f32 [size]) repeated along it."""
     (m,) = _shape(x)
     size = factors.shape[0]
     rows = self.reshape(x, (m // size, size))
-    product = hlo.MulOp(rows, self.bcast(self.const(factors.astype(np.float32), self.f32),
-                                         (m // size, size), [1])).result
+    product = hlo.MulOp(
+      rows, self.bcast(self.const(factors.astype(np.float32), self.f32), (m // size, size), [1])
+    ).result
     return self.reshape(product, (m,))
 
 
@@ -442,8 +479,9 @@ def _while(init: list[ir.Value], trip_count: int, body_fn) -> list[ir.Value]:
   op = hlo.WhileOp(types, operands)
   cond = op.cond.blocks.append(*types)
   with ir.InsertionPoint(cond):
-    lt = hlo.CompareOp(cond.arguments[0], em.i32_scalar(trip_count),
-                       hlo.ComparisonDirectionAttr.get("LT")).result
+    lt = hlo.CompareOp(
+      cond.arguments[0], em.i32_scalar(trip_count), hlo.ComparisonDirectionAttr.get("LT")
+    ).result
     hlo.ReturnOp([lt])
   body = op.body.blocks.append(*types)
   with ir.InsertionPoint(body):
@@ -480,8 +518,9 @@ class Collectives:
 
   def all_to_all(self, x) -> ir.Value:
     n = self.plan.layout.group_size
-    return hlo.AllToAllOp([x], 0, 0, n, self.em.groups_attr(self.plan.schedule.groups),
-                          **self._channel()).results[0]
+    return hlo.AllToAllOp(
+      [x], 0, 0, n, self.em.groups_attr(self.plan.schedule.groups), **self._channel()
+    ).results[0]
 
   def all_gather(self, x) -> ir.Value:
     """x's copies from every rank of the group, concatenated along dimension 0."""
@@ -491,8 +530,13 @@ class Collectives:
     if self.partition:
       kwargs["use_global_device_ids"] = True
     element_type = ir.RankedTensorType(x.type).element_type
-    return hlo.AllGatherOp([tensor((n * rows, *rest), element_type)], [x], 0,
-                           self.em.groups_attr(self.plan.schedule.groups), **kwargs).results[0]
+    return hlo.AllGatherOp(
+      [tensor((n * rows, *rest), element_type)],
+      [x],
+      0,
+      self.em.groups_attr(self.plan.schedule.groups),
+      **kwargs,
+    ).results[0]
 
 
 def narrow_float(types) -> ir.Type | None:
@@ -506,8 +550,9 @@ def narrow_float(types) -> ir.Type | None:
   return None
 
 
-def emit_allreduce(operands: list[ir.Value], plan: RingPlan,
-                   channels: ChannelAllocator) -> list[ir.Value]:
+def emit_allreduce(
+  operands: list[ir.Value], plan: RingPlan, channels: ChannelAllocator
+) -> list[ir.Value]:
   """Emit the quantized all-reduce of `plan.scheme` at the current insertion point.
 
   Returns one value per operand with the operand's type.
@@ -522,8 +567,9 @@ def emit_allreduce(operands: list[ir.Value], plan: RingPlan,
   sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in types]
   rotating = scheme.rotation != rotation.NONE
   narrow = narrow_float(types) if not rotating else None
-  x = em.concat([em.reshape(em.convert(v, narrow or em.f32), (size,))
-                 for v, size in zip(operands, sizes)], 0)
+  x = em.concat(
+    [em.reshape(em.convert(v, narrow or em.f32), (size,)) for v, size in zip(operands, sizes)], 0
+  )
   pad = layout.padded - layout.num_values
   if pad:
     x = hlo.PadOp(x, em.splat(0, (), narrow or em.f32), [0], [pad], [0]).result
@@ -544,8 +590,17 @@ def emit_allreduce(operands: list[ir.Value], plan: RingPlan,
   if scheme.algorithm == scheme_lib.TWO_SHOT:
     values = _emit_two_shot(em, coll, widen(chunks), layout, scheme.fmt, rotation_size)
   else:
-    values = _emit_ring(em, coll, chunks, widen, group_rank(em, plan, coll), layout, scheme,
-                        rotation_size, plan.unrolled)
+    values = _emit_ring(
+      em,
+      coll,
+      chunks,
+      widen,
+      group_rank(em, plan, coll),
+      layout,
+      scheme,
+      rotation_size,
+      plan.unrolled,
+    )
 
   # values: f32 [N, C], the same bits on every rank of the group.
   flat = em.reshape(values, (n * c,))
@@ -557,8 +612,7 @@ def emit_allreduce(operands: list[ir.Value], plan: RingPlan,
   return results
 
 
-def emit_ring_step(payload: ir.Value, local: ir.Value, block: int,
-                   fmt: qz.Format) -> ir.Value:
+def emit_ring_step(payload: ir.Value, local: ir.Value, block: int, fmt: qz.Format) -> ir.Value:
   """One ring step's arithmetic between two permutes: Dq -> f32 add -> Qp1/Qp2.
 
   payload: int8 [1, P] as received; local: f32 [1, C], this rank's chunk.
@@ -580,12 +634,13 @@ def _per_device(em, coll, tables) -> list[ir.Value]:
   """Each table's entry for this device (partition or replica id), as i32 scalars."""
   device = (hlo.PartitionIdOp() if coll.partition else hlo.ReplicaIdOp()).result
   device = em.reshape(em.convert(device, em.i32), (1,))
-  return [em.reshape(em.dynamic_slice(em.const(table, em.i32), [em.reshape(device, ())], [1]), ())
-          for table in tables]
+  return [
+    em.reshape(em.dynamic_slice(em.const(table, em.i32), [em.reshape(device, ())], [1]), ())
+    for table in tables
+  ]
 
 
-def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size,
-               unrolled) -> ir.Value:
+def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size, unrolled) -> ir.Value:
   """Reduce-scatter and all-gather loops over the lanes; returns f32 [N, C].
 
   chunks: [N, C], f32 or the 16-bit pattern of narrower floats; widen(rows) makes f32.
@@ -602,11 +657,12 @@ def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size,
   m = _part_count(lanes[0].size, block, fmt)
 
   def local_parts(chunks_, row, lane):
-    return [widen(part) for part in em.dynamic_parts(chunks_, row, lane.offset, lane.size,
-                                                     block, fmt)]
+    return [
+      widen(part) for part in em.dynamic_parts(chunks_, row, lane.offset, lane.size, block, fmt)
+    ]
 
   def rs_step(step, *carry):
-    partials = [list(carry[i * m:(i + 1) * m]) for i in range(k)]
+    partials = [list(carry[i * m : (i + 1) * m]) for i in range(k)]
     chunks_, ranks = carry[k * m], {1: carry[k * m + 1], -1: carry[k * m + 2]}
     new = []
     for lane, partial in zip(lanes, partials):
@@ -622,13 +678,13 @@ def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size,
   carry = loop(partials + [chunks, rank, ccw_rank], n - 1, rs_step)
 
   # Final quantization, once; then the all-gather forwards bytes unchanged.
-  owns = [em.quantize_parts(list(carry[i * m:(i + 1) * m]), block, fmt) for i in range(k)]
+  owns = [em.quantize_parts(list(carry[i * m : (i + 1) * m]), block, fmt) for i in range(k)]
   # The gather buffer starts as N copies of this rank's own chunk: its own row is then in
   # place, and the all-gather overwrites every other one.
   gathered = [em.bcast(own, (n, _shape(own)[1]), [0, 1]) for own in owns]
 
   def ag_step(step, *carry):
-    currents, outs = list(carry[:k]), list(carry[k:2 * k])
+    currents, outs = list(carry[:k]), list(carry[k : 2 * k])
     ranks = {1: carry[2 * k], -1: carry[2 * k + 1]}
     new_cur, new_out = [], []
     for lane, cur, out in zip(lanes, currents, outs):
@@ -639,28 +695,36 @@ def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size,
     return new_cur + new_out + [ranks[1], ranks[-1]]
 
   carry = _while(owns + gathered + [rank, ccw_rank], n - 1, ag_step)
-  gathered = carry[k:2 * k]
+  gathered = carry[k : 2 * k]
   # Every rank dequantizes all N chunks the same way: identical bits everywhere.
-  return em.concat([em.dequantize_rows(g, lane.size, block, fmt, rotation_size)
-                    for g, lane in zip(gathered, lanes)], 1)
+  return em.concat(
+    [
+      em.dequantize_rows(g, lane.size, block, fmt, rotation_size)
+      for g, lane in zip(gathered, lanes)
+    ],
+    1,
+  )
 
 
 def _emit_two_shot(em, coll, chunks, layout, fmt, rotation_size) -> ir.Value:
   """all_to_all -> f32 sum in group order -> quantize once -> all_gather; f32 [N, C]."""
   n, c, block = layout.group_size, layout.chunk, layout.block
-  received = coll.all_to_all(em.quantize_rows(chunks, block, fmt))   # row j: from rank j
+  received = coll.all_to_all(em.quantize_rows(chunks, block, fmt))  # row j: from rank j
 
   def sum_step(j, acc, received_):
     row = em.dynamic_rows(received_, j, 0, 1, _shape(received_)[1])
-    return [hlo.AddOp(acc, em.dequantize_rows(row, c, block, fmt, requantized=True)).result,
-            received_]
+    return [
+      hlo.AddOp(acc, em.dequantize_rows(row, c, block, fmt, requantized=True)).result,
+      received_,
+    ]
 
   acc, _ = _while([em.splat(0, (1, c), em.f32), received], n, sum_step)
-  gathered = coll.all_gather(em.quantize_rows(acc, block, fmt))      # row j: rank j's sum
+  gathered = coll.all_gather(em.quantize_rows(acc, block, fmt))  # row j: rank j's sum
   return em.dequantize_rows(gathered, c, block, fmt, rotation_size)
 
 
 # --- the calibrated outlier-feature scheme (outlier.py) -----------------------
+
 
 @dataclasses.dataclass(frozen=True)
 class CalibratedPlan:
@@ -670,14 +734,15 @@ class CalibratedPlan:
   scales, by the sender's rank in its group; columns are the int4 features in
   wire order (outlier.OutlierLayout.normal).
   """
+
   layout: outlier.OutlierLayout
   schedule: ring.RingSchedule
   device_kind: str
   num_devices: int
-  in_scale: np.ndarray          # f32 [G, N, H - k]
-  in_reciprocal: np.ndarray     # f32 [G, N, H - k]
-  out_scale: np.ndarray         # f32 [G, H - k]
-  out_reciprocal: np.ndarray    # f32 [G, H - k]
+  in_scale: np.ndarray  # f32 [G, N, H - k]
+  in_reciprocal: np.ndarray  # f32 [G, N, H - k]
+  out_scale: np.ndarray  # f32 [G, H - k]
+  out_reciprocal: np.ndarray  # f32 [G, H - k]
 
   def group_table(self) -> np.ndarray:
     """group_table[device id] = index of the device's group (-1: in none)."""
@@ -692,29 +757,38 @@ def _take_columns(em: Emitter, x, columns) -> ir.Value:
   rows, _ = _shape(x)
   indices = em.const(np.asarray(columns, np.int32).reshape(-1, 1), em.i32)
   dims = hlo.GatherDimensionNumbers.get(
-      offset_dims=[0], collapsed_slice_dims=[1], operand_batching_dims=[],
-      start_indices_batching_dims=[], start_index_map=[1], index_vector_dim=1)
-  return hlo.GatherOp(x, indices, dims, ir.DenseI64ArrayAttr.get([rows, 1]),
-                      indices_are_sorted=False).result
+    offset_dims=[0],
+    collapsed_slice_dims=[1],
+    operand_batching_dims=[],
+    start_indices_batching_dims=[],
+    start_index_map=[1],
+    index_vector_dim=1,
+  )
+  return hlo.GatherOp(
+    x, indices, dims, ir.DenseI64ArrayAttr.get([rows, 1]), indices_are_sorted=False
+  ).result
 
 
 def _static_quantize(em: Emitter, x, reciprocal) -> ir.Value:
   """outlier.quantize_static: f32 [rows, F] and reciprocals [rows, F] -> int8 codes."""
   shape = _shape(x)
-  clamped = hlo.ClampOp(em.splat(-outlier.QMAX, (), em.f32), hlo.MulOp(x, reciprocal).result,
-                        em.splat(outlier.QMAX, (), em.f32)).result
+  clamped = hlo.ClampOp(
+    em.splat(-outlier.QMAX, (), em.f32),
+    hlo.MulOp(x, reciprocal).result,
+    em.splat(outlier.QMAX, (), em.f32),
+  ).result
   rounded = hlo.RoundNearestEvenOp(clamped).result
   finite = hlo.IsFiniteOp(x).result
-  marked = hlo.SelectOp(finite, rounded,
-                        em.splat(outlier.NONFINITE_CODE, shape, em.f32)).result
+  marked = hlo.SelectOp(finite, rounded, em.splat(outlier.NONFINITE_CODE, shape, em.f32)).result
   return em.convert(marked, em.i8)
 
 
 def _code_values(em: Emitter, codes) -> ir.Value:
   """outlier.code_values: int8 codes -> f32, NaN for the non-finite marker."""
   shape = _shape(codes)
-  marker = hlo.CompareOp(codes, em.splat(outlier.NONFINITE_CODE, shape, em.i8),
-                         hlo.ComparisonDirectionAttr.get("EQ")).result
+  marker = hlo.CompareOp(
+    codes, em.splat(outlier.NONFINITE_CODE, shape, em.i8), hlo.ComparisonDirectionAttr.get("EQ")
+  ).result
   return hlo.SelectOp(marker, em.splat(np.nan, shape, em.f32), em.convert(codes, em.f32)).result
 
 
@@ -731,8 +805,9 @@ def _bf16_values(em: Emitter, data, r: int, k: int) -> ir.Value:
   return em.convert(em.bitcast(pairs, (r, k), ir.BF16Type.get()), em.f32)
 
 
-def emit_calibrated_allreduce(operands: list[ir.Value], plan: CalibratedPlan,
-                              channels: ChannelAllocator) -> list[ir.Value]:
+def emit_calibrated_allreduce(
+  operands: list[ir.Value], plan: CalibratedPlan, channels: ChannelAllocator
+) -> list[ir.Value]:
   """Emit the calibrated two-shot (outlier.reference, op for op) for one operand."""
   em = Emitter()
   (operand,) = operands
@@ -746,26 +821,31 @@ def emit_calibrated_allreduce(operands: list[ir.Value], plan: CalibratedPlan,
   # [M, H] f32, rows padded to N chunks of R, columns in wire order.
   x = em.reshape(em.convert(operand, em.f32), (lay.num_rows, h))
   if lay.padded_rows > lay.num_rows:
-    x = hlo.PadOp(x, em.splat(0, (), em.f32), [0, 0], [lay.padded_rows - lay.num_rows, 0],
-                  [0, 0]).result
+    x = hlo.PadOp(
+      x, em.splat(0, (), em.f32), [0, 0], [lay.padded_rows - lay.num_rows, 0], [0, 0]
+    ).result
   x = _take_columns(em, x, lay.permutation)
 
   # This device's group and rank pick its rows of the scale tables.
-  group, rank = _per_device(em, coll, [plan.group_table(),
-                                       plan.schedule.rank_table(plan.num_devices)])
+  group, rank = _per_device(
+    em, coll, [plan.group_table(), plan.schedule.rank_table(plan.num_devices)]
+  )
   zero = em.i32_scalar(0)
-  in_scale = em.reshape(em.dynamic_slice(em.const(plan.in_scale, em.f32),
-                                          [group, zero, zero], [1, n, hn]), (n, hn))
-  own_reciprocal = em.reshape(em.dynamic_slice(em.const(plan.in_reciprocal, em.f32),
-                                                [group, rank, zero], [1, 1, hn]), (1, hn))
+  in_scale = em.reshape(
+    em.dynamic_slice(em.const(plan.in_scale, em.f32), [group, zero, zero], [1, n, hn]), (n, hn)
+  )
+  own_reciprocal = em.reshape(
+    em.dynamic_slice(em.const(plan.in_reciprocal, em.f32), [group, rank, zero], [1, 1, hn]), (1, hn)
+  )
   out_scale = em.dynamic_slice(em.const(plan.out_scale, em.f32), [group, zero], [1, hn])
   out_reciprocal = em.dynamic_slice(em.const(plan.out_reciprocal, em.f32), [group, zero], [1, hn])
 
   def payload(values, count: int, reciprocal) -> ir.Value:
     """f32 [count * R, H] in wire order -> int8 [count, P]: int4 codes, then bf16 bytes."""
     normal = em.slice(values, (0, 0), (count * rows, hn))
-    codes = _static_quantize(em, normal, em.bcast(em.reshape(reciprocal, (hn,)),
-                                                  (count * rows, hn), [1]))
+    codes = _static_quantize(
+      em, normal, em.bcast(em.reshape(reciprocal, (hn,)), (count * rows, hn), [1])
+    )
     # The nibbles pair within each chunk's row of codes (quantize.pack_int4).
     parts = [em.pack_int4(em.reshape(codes, (count, rows * hn)), rows * hn)]
     if k:
@@ -781,25 +861,28 @@ def emit_calibrated_allreduce(operands: list[ir.Value], plan: CalibratedPlan,
     values = em.reshape(_code_values(em, codes), (count * rows, hn))
     hot = None
     if k:
-      hot = _bf16_values(em, em.slice(data, (0, lay.code_bytes), (count, lay.payload_bytes)),
-                         count * rows, k)
+      hot = _bf16_values(
+        em, em.slice(data, (0, lay.code_bytes), (count, lay.payload_bytes)), count * rows, k
+      )
     return values, hot
 
-  received = coll.all_to_all(payload(x, n, own_reciprocal))      # row j: from rank j
+  received = coll.all_to_all(payload(x, n, own_reciprocal))  # row j: from rank j
 
   def sum_step(j, acc, acc_hot, received_, in_scale_):
     values, hot = unpack(em.dynamic_rows(received_, j, 0, 1, lay.payload_bytes), 1, True)
     scale = em.bcast(em.reshape(em.dynamic_rows(in_scale_, j, 0, 1, hn), (hn,)), (rows, hn), [1])
-    acc = hlo.AddOp(acc, hlo.MulOp(values, scale).result).result   # XLA: one FMA
+    acc = hlo.AddOp(acc, hlo.MulOp(values, scale).result).result  # XLA: one FMA
     if k:
       acc_hot = hlo.AddOp(acc_hot, hot).result
     return [acc, acc_hot, received_, in_scale_]
 
-  acc, acc_hot, _, _ = _while([em.splat(0, (rows, hn), em.f32),
-                               em.splat(0, (rows, max(k, 1)), em.f32), received, in_scale],
-                              n, sum_step)
+  acc, acc_hot, _, _ = _while(
+    [em.splat(0, (rows, hn), em.f32), em.splat(0, (rows, max(k, 1)), em.f32), received, in_scale],
+    n,
+    sum_step,
+  )
   owned = em.concat([acc, acc_hot], 1) if k else acc
-  gathered = coll.all_gather(payload(owned, 1, out_reciprocal))   # row j: rank j's sum
+  gathered = coll.all_gather(payload(owned, 1, out_reciprocal))  # row j: rank j's sum
 
   values, hot = unpack(gathered, n, False)
   normal = hlo.MulOp(values, em.bcast(em.reshape(out_scale, (hn,)), (n * rows, hn), [1])).result

@@ -44,29 +44,35 @@ STATISTICS = ("in_range", "out_range", "in_mean_square", "out_mean_square")
 class SiteCalibration:
   index: int
   location: str
-  type: str                          # operand type, e.g. tensor<8x512xf32>
+  type: str  # operand type, e.g. tensor<8x512xf32>
   shape: tuple[int, ...]
   dtype: str
   groups: tuple[tuple[int, ...], ...]
-  devices: tuple[int, ...]           # rows of the statistics below
-  stats: dict[str, np.ndarray]       # STATISTICS -> f64 [devices, H]
+  devices: tuple[int, ...]  # rows of the statistics below
+  stats: dict[str, np.ndarray]  # STATISTICS -> f64 [devices, H]
 
   def row(self, device: int) -> int:
     return self.devices.index(device)
 
-  def group_scales(self, group: Sequence[int], outliers: Sequence[int],
-                   clip: float = 0.0) -> outlier.GroupScales:
+  def group_scales(
+    self, group: Sequence[int], outliers: Sequence[int], clip: float = 0.0
+  ) -> outlier.GroupScales:
     """The static numbers of one group (device ids in group order).
 
     clip > 0: each range is at most clip x the feature's calibrated rms
     (outlier.clipped_range).
     """
     rows = [self.row(d) for d in group]
-    in_ranges = outlier.clipped_range(self.stats["in_range"][rows],
-                                      self.stats["in_mean_square"][rows], clip)
+    in_ranges = outlier.clipped_range(
+      self.stats["in_range"][rows], self.stats["in_mean_square"][rows], clip
+    )
     # Every member of a group holds the same result: its range is one vector.
-    out_ranges = np.max(outlier.clipped_range(self.stats["out_range"][rows],
-                                              self.stats["out_mean_square"][rows], clip), axis=0)
+    out_ranges = np.max(
+      outlier.clipped_range(
+        self.stats["out_range"][rows], self.stats["out_mean_square"][rows], clip
+      ),
+      axis=0,
+    )
     return outlier.GroupScales(in_ranges, out_ranges, tuple(outliers))
 
   def outliers(self) -> tuple[int, ...]:
@@ -84,13 +90,26 @@ class Calibration:
   def to_json(self) -> dict:
     sites = []
     for s in sorted(self.sites.values(), key=lambda s: s.index):
-      entry = dict(index=s.index, location=s.location, type=s.type, shape=list(s.shape),
-                   dtype=s.dtype, groups=[list(g) for g in s.groups], devices=list(s.devices))
+      entry = dict(
+        index=s.index,
+        location=s.location,
+        type=s.type,
+        shape=list(s.shape),
+        dtype=s.dtype,
+        groups=[list(g) for g in s.groups],
+        devices=list(s.devices),
+      )
       for name in STATISTICS:
         entry[name] = np.asarray(s.stats[name], np.float64).tolist()
       sites.append(entry)
-    return {"format": FORMAT, "version": VERSION, "ema": self.ema, "batches": self.batches,
-            "sites": sites, "unobserved": self.unobserved}
+    return {
+      "format": FORMAT,
+      "version": VERSION,
+      "ema": self.ema,
+      "batches": self.batches,
+      "sites": sites,
+      "unobserved": self.unobserved,
+    }
 
 
 def _site_from_json(entry: dict) -> SiteCalibration:
@@ -102,14 +121,25 @@ def _site_from_json(entry: dict) -> SiteCalibration:
   for name in STATISTICS:
     array = np.asarray(entry[name], np.float64)
     if array.shape != (len(devices), features):
-      raise ValueError(f"site {entry['index']}: {name} has shape {array.shape}, expected "
-                       f"({len(devices)}, {features}) (devices x last dimension)")
+      raise ValueError(
+        f"site {entry['index']}: {name} has shape {array.shape}, expected "
+        f"({len(devices)}, {features}) (devices x last dimension)"
+      )
     stats[name] = array
   if sorted(d for g in groups for d in g) != sorted(devices):
-    raise ValueError(f"site {entry['index']}: devices {devices} are not the members of "
-                     f"groups {groups}")
-  return SiteCalibration(int(entry["index"]), str(entry["location"]), str(entry["type"]),
-                         shape, str(entry["dtype"]), groups, devices, stats)
+    raise ValueError(
+      f"site {entry['index']}: devices {devices} are not the members of groups {groups}"
+    )
+  return SiteCalibration(
+    int(entry["index"]),
+    str(entry["location"]),
+    str(entry["type"]),
+    shape,
+    str(entry["dtype"]),
+    groups,
+    devices,
+    stats,
+  )
 
 
 def load(path: str) -> Calibration:
@@ -122,18 +152,28 @@ def load(path: str) -> Calibration:
   try:
     data = json.loads(text)
   except json.JSONDecodeError as e:
-    raise ParseError(f"not a calibration file (bad JSON: {e.msg})", path=path,
-                     line=e.lineno, column=e.colno) from None
+    raise ParseError(
+      f"not a calibration file (bad JSON: {e.msg})", path=path, line=e.lineno, column=e.colno
+    ) from None
   if not isinstance(data, dict) or data.get("format") != FORMAT:
-    raise ParseError(f"not a calibration file (no \"format\": \"{FORMAT}\"); "
-                     "make one with equarx_pass.calibrate", path=path)
+    raise ParseError(
+      f'not a calibration file (no "format": "{FORMAT}"); make one with equarx_pass.calibrate',
+      path=path,
+    )
   if data.get("version") != VERSION:
-    raise ParseError(f"calibration file version {data.get('version')!r}, this pass reads "
-                     f"version {VERSION}; calibrate again", path=path)
+    raise ParseError(
+      f"calibration file version {data.get('version')!r}, this pass reads "
+      f"version {VERSION}; calibrate again",
+      path=path,
+    )
   try:
     sites = [_site_from_json(entry) for entry in data["sites"]]
-    calib = Calibration({s.index: s for s in sites}, float(data["ema"]), int(data["batches"]),
-                        list(data.get("unobserved", [])))
+    calib = Calibration(
+      {s.index: s for s in sites},
+      float(data["ema"]),
+      int(data["batches"]),
+      list(data.get("unobserved", [])),
+    )
   except (KeyError, TypeError, ValueError) as e:
     what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
     raise ParseError(f"malformed calibration file: {what}", path=path) from None
@@ -162,8 +202,9 @@ def _dims(shape) -> str:
   return "x".join(map(str, shape)) or "scalar"
 
 
-def mismatch(entry: SiteCalibration | None, index: int, location: str, shape, dtype: str,
-             groups) -> str | None:
+def mismatch(
+  entry: SiteCalibration | None, index: int, location: str, shape, dtype: str, groups
+) -> str | None:
   """Why a site cannot use its calibration entry (None: it can)."""
   if entry is None:
     return f"site #{index} is not in the calibration file"
@@ -172,8 +213,10 @@ def mismatch(entry: SiteCalibration | None, index: int, location: str, shape, dt
   # Per-feature statistics hold for any number of rows: only the last dimension counts.
   _, features = outlier.rows_and_features(shape)
   if entry.dtype != dtype or outlier.rows_and_features(entry.shape)[1] != features:
-    return (f"shape {_dims(shape)} {dtype} differs from the calibrated "
-            f"{_dims(entry.shape)} {entry.dtype} in its features (last dimension) or dtype")
+    return (
+      f"shape {_dims(shape)} {dtype} differs from the calibrated "
+      f"{_dims(entry.shape)} {entry.dtype} in its features (last dimension) or dtype"
+    )
   if entry.groups != tuple(tuple(g) for g in groups or ()):
     return f"replica groups differ from the calibrated {[list(g) for g in entry.groups]}"
   for name in ("in_range", "out_range"):

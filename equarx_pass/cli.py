@@ -45,8 +45,9 @@ def _fail(message: str) -> int:
 def policy_from_command_line(environ=None) -> policy_lib.Policy:
   """enable=True, then $EQUARX_FLAGS, then the --equarx_* flags given here."""
   environ = os.environ if environ is None else environ
-  policy = policy_lib.apply_flags(policy_lib.Policy(enable=True),
-                                  environ.get(policy_lib.ENV_VAR, ""))
+  policy = policy_lib.apply_flags(
+    policy_lib.Policy(enable=True), environ.get(policy_lib.ENV_VAR, "")
+  )
   changes = {}
   for flag in policy_lib.FLAGS.values():
     value = FLAGS[flag.name].value
@@ -58,8 +59,10 @@ def policy_from_command_line(environ=None) -> policy_lib.Policy:
 
 def main(argv: list[str]) -> int:
   if len(argv) != 2:
-    return _fail("expected exactly one INPUT file; usage: equarx-opt INPUT -o OUTPUT "
-                 "[--report] [--equarx_* flags]")
+    return _fail(
+      "expected exactly one INPUT file; usage: equarx-opt INPUT -o OUTPUT "
+      "[--report] [--equarx_* flags]"
+    )
   input_path = argv[1]
   output = FLAGS.output
   try:
@@ -77,13 +80,15 @@ def main(argv: list[str]) -> int:
     if to_stdout:
       sys.stdout.write(result.text)
     if FLAGS.report or policy.report:
-      table = report.format_table(result.records, f"{input_path} ({result.input_kind}, "
-                                  f"pass {result.pass_seconds * 1e3:.1f} ms)")
+      table = report.format_table(
+        result.records,
+        f"{input_path} ({result.input_kind}, pass {result.pass_seconds * 1e3:.1f} ms)",
+      )
       print(table, file=notes)
     if result.tpu is not None:
       print(result.tpu.summary(), file=notes)
     sys.stdout.flush()
-  except OSError as e:    # a full disk, a closed pipe
+  except OSError as e:  # a full disk, a closed pipe
     # Python would try to flush again at exit and print a traceback.
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return _fail(f"cannot write to standard output: {e.strerror}")
@@ -92,6 +97,7 @@ def main(argv: list[str]) -> int:
 
 def _read(path: str) -> bytes:
   from equarx_pass.errors import ParseError
+
   try:
     with open(path, "rb") as f:
       return f.read()

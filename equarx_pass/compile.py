@@ -35,30 +35,35 @@ LIBTPU_HINT = "libtpu is not installed: pip install 'equarx-pass[tpu]'"
 def have_libtpu() -> bool:
   """Whether libtpu (the tpu extra) is installed, without loading it."""
   import importlib.util
+
   return importlib.util.find_spec("libtpu") is not None
 
 
 @dataclasses.dataclass
 class TopologyCompile:
   """What the TPU compiler made of a module."""
+
   target: str
-  seconds: float                 # compile time inside the child, excluding start-up
+  seconds: float  # compile time inside the child, excluding start-up
   num_devices: int
-  quantized_permutes: int        # collective-permute(-start)s that move s8 data
-  permutes: int                  # all collective-permute(-start)s
-  all_reduces: int               # all-reduce(-start)s left in the TPU program
-  quantized_collectives: int     # permutes, all-to-alls and all-gathers that move s8 data
-  cost: dict                     # the TPU compiler's cost_analysis(), as given
+  quantized_permutes: int  # collective-permute(-start)s that move s8 data
+  permutes: int  # all collective-permute(-start)s
+  all_reduces: int  # all-reduce(-start)s left in the TPU program
+  quantized_collectives: int  # permutes, all-to-alls and all-gathers that move s8 data
+  cost: dict  # the TPU compiler's cost_analysis(), as given
   hlo_text: str = dataclasses.field(repr=False, default="")
 
   def summary(self) -> str:
-    return (f"compiled for {self.target} in {self.seconds:.2f} s: {self.num_devices} devices, "
-            f"{self.quantized_collectives} s8 collectives ({self.quantized_permutes} of "
-            f"{self.permutes} collective-permutes), {self.all_reduces} all-reduces left")
+    return (
+      f"compiled for {self.target} in {self.seconds:.2f} s: {self.num_devices} devices, "
+      f"{self.quantized_collectives} s8 collectives ({self.quantized_permutes} of "
+      f"{self.permutes} collective-permutes), {self.all_reduces} all-reduces left"
+    )
 
 
-def compile_for_target(module_text: str, target: str,
-                       timeout: float = COMPILE_TIMEOUT_S) -> TopologyCompile:
+def compile_for_target(
+  module_text: str, target: str, timeout: float = COMPILE_TIMEOUT_S
+) -> TopologyCompile:
   """Compile `module_text` for `target` ('tpu:v5e:2x2') in a child process."""
   parse_compile_target(target)
   if not have_libtpu():
@@ -67,18 +72,26 @@ def compile_for_target(module_text: str, target: str,
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   env.setdefault(LIBTPU_MULTI_LOAD, "1")
   try:
-    proc = subprocess.run([sys.executable, "-m", "equarx_pass.compile", target],
-                          input=module_text.encode(), capture_output=True,
-                          timeout=timeout, env=env)
+    proc = subprocess.run(
+      [sys.executable, "-m", "equarx_pass.compile", target],
+      input=module_text.encode(),
+      capture_output=True,
+      timeout=timeout,
+      env=env,
+    )
   except subprocess.TimeoutExpired:
     raise CompileError(f"compiling for {target} took longer than {timeout:.0f} s") from None
   lines = proc.stdout.decode(errors="replace").strip().splitlines()
   if proc.returncode != 0 or not lines:
     err = proc.stderr.decode(errors="replace").strip().splitlines()
-    tail = " | ".join(line for line in err if "error" in line.lower())[-800:] or \
-        " | ".join(err[-3:])
-    how = (f"killed by signal {-proc.returncode}" if proc.returncode < 0
-           else f"exit code {proc.returncode}")
+    tail = " | ".join(line for line in err if "error" in line.lower())[-800:] or " | ".join(
+      err[-3:]
+    )
+    how = (
+      f"killed by signal {-proc.returncode}"
+      if proc.returncode < 0
+      else f"exit code {proc.returncode}"
+    )
     raise CompileError(f"compiling for {target} failed ({how}): {tail}")
   data = json.loads(lines[-1])
   if "error" in data:
@@ -102,8 +115,12 @@ def _count_ops(hlo_text: str) -> dict:
       quantized_collectives += moves_s8
     elif " all-reduce(" in rhs or " all-reduce-start(" in rhs:
       all_reduces += 1
-  return {"permutes": permutes, "quantized_permutes": quantized, "all_reduces": all_reduces,
-          "quantized_collectives": quantized_collectives}
+  return {
+    "permutes": permutes,
+    "quantized_permutes": quantized,
+    "all_reduces": all_reduces,
+    "quantized_collectives": quantized_collectives,
+  }
 
 
 def _compile_in_this_process(module_text: str, target: str) -> dict:
@@ -121,29 +138,39 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
   facts = match.module_facts(module)
   needed = facts.num_partitions * facts.num_replicas
   if needed != len(devices):
-    return {"error": f"the module runs on {needed} devices ({facts.num_replicas} replicas x "
-                     f"{facts.num_partitions} partitions) but {topology} has {len(devices)}"}
-  assignment = np.array([d.id for d in devices]).reshape(facts.num_replicas,
-                                                         facts.num_partitions)
-  options = jax_backend.get_compile_options(num_replicas=facts.num_replicas,
-                                            num_partitions=facts.num_partitions,
-                                            device_assignment=assignment)
+    return {
+      "error": f"the module runs on {needed} devices ({facts.num_replicas} replicas x "
+      f"{facts.num_partitions} partitions) but {topology} has {len(devices)}"
+    }
+  assignment = np.array([d.id for d in devices]).reshape(facts.num_replicas, facts.num_partitions)
+  options = jax_backend.get_compile_options(
+    num_replicas=facts.num_replicas,
+    num_partitions=facts.num_partitions,
+    device_assignment=assignment,
+  )
   client = devices[0].client
   start = time.perf_counter()
-  executable = client.compile(module, executable_devices=_jax_private.device_list(devices),
-                              compile_options=options)
+  executable = client.compile(
+    module, executable_devices=_jax_private.device_list(devices), compile_options=options
+  )
   seconds = time.perf_counter() - start
   hlo_text = "\n".join(m.to_string() for m in executable.hlo_modules())
   cost = executable.cost_analysis() if hasattr(executable, "cost_analysis") else {}
   if isinstance(cost, list):
     cost = cost[0] if cost else {}
   cost = {k: float(v) for k, v in dict(cost).items()}
-  return dict(target=target, seconds=seconds, num_devices=len(devices), cost=cost,
-              hlo_text=hlo_text, **_count_ops(hlo_text))
+  return dict(
+    target=target,
+    seconds=seconds,
+    num_devices=len(devices),
+    cost=cost,
+    hlo_text=hlo_text,
+    **_count_ops(hlo_text),
+  )
 
 
 def main(argv: list[str]) -> int:
-  os.environ.setdefault(LIBTPU_MULTI_LOAD, "1")    # before libtpu loads (see the docstring)
+  os.environ.setdefault(LIBTPU_MULTI_LOAD, "1")  # before libtpu loads (see the docstring)
   if len(argv) != 2:
     print(json.dumps({"error": "usage: python -m equarx_pass.compile tpu:TOPOLOGY < module"}))
     return 2

@@ -15,10 +15,11 @@ class ParseError(EquarxError):
   `path`, `line` and `column` are set where they are known (1-based).
   """
 
-  def __init__(self, message: str, path: str | None = None,
-               line: int | None = None, column: int | None = None):
+  def __init__(
+    self, message: str, path: str | None = None, line: int | None = None, column: int | None = None
+  ):
     self.path, self.line, self.column = path, line, column
-    self.message = message    # without the position prefix
+    self.message = message  # without the position prefix
     where = path or "<input>"
     if line is not None:
       where += f":{line}"

@@ -41,15 +41,16 @@ def resolve_policy(policy: Policy | None = None, flags: str | None = None) -> Po
 @dataclasses.dataclass(frozen=True)
 class LoweringReport:
   """The sites of one lowering (one input signature) of a wrapped function."""
+
   signature: str
   records: tuple[SiteRecord, ...]
   pass_seconds: float
-  tpu: compile_lib.TopologyCompile | None = None   # with --equarx_compile_for
+  tpu: compile_lib.TopologyCompile | None = None  # with --equarx_compile_for
   # "lowered": the StableHLO jax.jit lowered; "partitioned": the per-device program
   # after SPMD partitioning (the sites are the compiler-inserted all-reduces too).
   route: str = "lowered"
-  note: str = ""            # why the partitioned route was not taken, where it was tried
-  first_compile_seconds: float = 0.0   # partitioned route: the compile that exposed the program
+  note: str = ""  # why the partitioned route was not taken, where it was tried
+  first_compile_seconds: float = 0.0  # partitioned route: the compile that exposed the program
   # partitioned route: all-reduces in plain jax.jit's compiled program (XLA merges some)
   compiled_all_reduces: int | None = None
 
@@ -76,14 +77,18 @@ class Report:
 def _format_lowering(low: LoweringReport) -> str:
   title = f"{low.signature} (pass {low.pass_seconds * 1e3:.1f} ms)"
   if low.route == "partitioned":
-    title = (f"{low.signature}, partitioned program (pass {low.pass_seconds * 1e3:.1f} ms, "
-             f"partitioning compile {low.first_compile_seconds:.2f} s)")
+    title = (
+      f"{low.signature}, partitioned program (pass {low.pass_seconds * 1e3:.1f} ms, "
+      f"partitioning compile {low.first_compile_seconds:.2f} s)"
+    )
   text = report.format_table(low.records, title)
   if low.compiled_all_reduces is not None and low.compiled_all_reduces != len(low.records):
-    text += (f"\nplain jax.jit's compiled program holds {low.compiled_all_reduces} "
-             f"all-reduces for these {len(low.records)} sites: XLA merges all-reduces "
-             "after partitioning (its all-reduce combiner), so a site here can be part of "
-             "a larger one there")
+    text += (
+      f"\nplain jax.jit's compiled program holds {low.compiled_all_reduces} "
+      f"all-reduces for these {len(low.records)} sites: XLA merges all-reduces "
+      "after partitioning (its all-reduce combiner), so a site here can be part of "
+      "a larger one there"
+    )
   if low.note:
     text += f"\npartitioned route not taken: {low.note}"
   return text + ("\n" + low.tpu.summary() if low.tpu else "")
@@ -107,8 +112,9 @@ def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[set[int], set[st
     params = inspect.signature(fun).parameters
   except (TypeError, ValueError):
     return num_set, name_set
-  either = [(i, name) for i, (name, p) in enumerate(params.items())
-            if p.kind == p.POSITIONAL_OR_KEYWORD]
+  either = [
+    (i, name) for i, (name, p) in enumerate(params.items()) if p.kind == p.POSITIONAL_OR_KEYWORD
+  ]
   if nums is None:
     num_set = {i for i, name in either if name in name_set}
   else:
@@ -128,7 +134,7 @@ def _leaf_key(x) -> Any:
   if hasattr(x, "shape") and hasattr(x, "dtype"):
     sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
     return (tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)), sharding)
-  return (type(x).__name__,)   # Python scalars: one trace per type, as jax.jit does
+  return (type(x).__name__,)  # Python scalars: one trace per type, as jax.jit does
 
 
 class Jitted:
@@ -140,8 +146,8 @@ class Jitted:
     self.policy = policy
     self.report = Report()
     self._static_nums, self._static_names = _static_positions(fun, jit_kwargs)
-    self._lowered: dict[Any, Any] = {}    # signature -> jax.stages.Lowered (rewritten)
-    self._compiled: dict[Any, Any] = {}   # signature -> jax.stages.Compiled
+    self._lowered: dict[Any, Any] = {}  # signature -> jax.stages.Lowered (rewritten)
+    self._compiled: dict[Any, Any] = {}  # signature -> jax.stages.Compiled
     # updated=(): copying fun.__dict__ would let a wrapped pmap shadow our own fields.
     functools.update_wrapper(self, fun, updated=())
 
@@ -151,8 +157,10 @@ class Jitted:
     static = {i % n for i in self._static_nums if -n <= i < n} if n else set()
     dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
     dyn_kwargs = {k: v for k, v in kwargs.items() if k not in self._static_names}
-    static_part = (tuple((i, args[i]) for i in sorted(static)),
-                   tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names)))
+    static_part = (
+      tuple((i, args[i]) for i in sorted(static)),
+      tuple(sorted((k, v) for k, v in kwargs.items() if k in self._static_names)),
+    )
     leaves, tree = jax.tree_util.tree_flatten((dyn_args, dyn_kwargs))
     try:
       hash(static_part)
@@ -221,9 +229,16 @@ class Jitted:
   def _rewrite_partitioned(self, lowered, args, kwargs):
     done = partitioned.rewrite_partitioned(lowered, self.policy)
     tpu = self._compile_for_target(done.module)
-    self._record(done.result.records, done.pass_seconds, tpu, args, kwargs, route="partitioned",
-                 first_compile_seconds=done.first_compile_seconds,
-                 compiled_all_reduces=done.compiled_all_reduces)
+    self._record(
+      done.result.records,
+      done.pass_seconds,
+      tpu,
+      args,
+      kwargs,
+      route="partitioned",
+      first_compile_seconds=done.first_compile_seconds,
+      compiled_all_reduces=done.compiled_all_reduces,
+    )
     if done.module is None:
       # Nothing rewritten: the first compile is plain jax.jit's executable; reuse it.
       return lowered, done.compiled
@@ -239,8 +254,7 @@ class Jitted:
   def _record(self, records, seconds, tpu, args, kwargs, **extra) -> None:
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     # str(dtype): a typed PRNG key's dtype (key<fry>) is no NumPy dtype.
-    sig = ", ".join(f"{_dtype_name(x.dtype)}{list(x.shape)}" for x in leaves
-                    if hasattr(x, "shape"))
+    sig = ", ".join(f"{_dtype_name(x.dtype)}{list(x.shape)}" for x in leaves if hasattr(x, "shape"))
     name = getattr(self._fun, "__name__", "fun")
     low = LoweringReport(f"{name}({sig})", tuple(records), seconds, tpu, **extra)
     self.report.lowerings.append(low)
@@ -257,8 +271,13 @@ class Jitted:
     return getattr(self._jitted, name)
 
 
-def jit(fun: Callable | None = None, *, policy: Policy | None = None,
-        flags: str | None = None, **jit_kwargs):
+def jit(
+  fun: Callable | None = None,
+  *,
+  policy: Policy | None = None,
+  flags: str | None = None,
+  **jit_kwargs,
+):
   """Like jax.jit, plus the pass.  Usable as @jit, @jit(...) or jit(f, ...).
 
   policy: an equarx_pass.Policy; default Policy.from_env() ($EQUARX_FLAGS).

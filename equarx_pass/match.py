@@ -41,25 +41,30 @@ def is_all_reduce(op: ir.Operation) -> bool:
   """Any form of all-reduce the pass accounts for: rewritten, or skipped with a reason."""
   if op.name in (ALL_REDUCE, MHLO_ALL_REDUCE, SDY_ALL_REDUCE):
     return True
-  return op.name == CUSTOM_CALL and "call_target_name" in op.attributes and \
-      ir.StringAttr(op.attributes["call_target_name"]).value == MHLO_ALL_REDUCE_TARGET
+  return (
+    op.name == CUSTOM_CALL
+    and "call_target_name" in op.attributes
+    and ir.StringAttr(op.attributes["call_target_name"]).value == MHLO_ALL_REDUCE_TARGET
+  )
 
 
 @dataclasses.dataclass(frozen=True)
 class Mesh:
   """A device mesh: axis names and sizes, and the device id at each position."""
+
   axis_names: tuple[str, ...]
   axis_sizes: tuple[int, ...]
-  device_ids: tuple[int, ...]      # row-major over the axes
+  device_ids: tuple[int, ...]  # row-major over the axes
 
 
 @dataclasses.dataclass(frozen=True)
 class ModuleFacts:
   """What a site's meaning depends on beyond the op itself."""
+
   num_partitions: int
   num_replicas: int
-  meshes: tuple[tuple[str, Mesh], ...] = ()   # symbol name -> mesh, from sdy.mesh ops
-  async_computations: frozenset[str] = frozenset()   # functions an async_start runs
+  meshes: tuple[tuple[str, Mesh], ...] = ()  # symbol name -> mesh, from sdy.mesh ops
+  async_computations: frozenset[str] = frozenset()  # functions an async_start runs
 
   def mesh(self, name: str) -> Mesh | None:
     return dict(self.meshes).get(name)
@@ -95,14 +100,16 @@ def module_facts(module: ir.Module) -> ModuleFacts:
 
   def get(name):
     return ir.IntegerAttr(attrs[name]).value if name in attrs else 1
+
   meshes = []
   for op in module.body.operations:
     op = op.operation
     if op.name == "sdy.mesh":
       name = ir.StringAttr(op.attributes["sym_name"]).value
       meshes.append((name, _mesh_from_attr(op.attributes["mesh"])))
-  return ModuleFacts(get("mhlo.num_partitions"), get("mhlo.num_replicas"), tuple(meshes),
-                     async_computations(module))
+  return ModuleFacts(
+    get("mhlo.num_partitions"), get("mhlo.num_replicas"), tuple(meshes), async_computations(module)
+  )
 
 
 def walk(op: ir.Operation):
@@ -127,9 +134,13 @@ def find_all_reduces(module: ir.Module) -> list[ir.Operation]:
 def unused_all_reduces(module: ir.Module) -> int:
   """All-reduces in private functions that nothing references (never run)."""
   used = {_name(f) for f in called_functions(module)}
-  return sum(1 for op in module.body.operations
-             if op.operation.name == "func.func" and _name(op.operation) not in used
-             for inner in walk(op.operation) if is_all_reduce(inner))
+  return sum(
+    1
+    for op in module.body.operations
+    if op.operation.name == "func.func" and _name(op.operation) not in used
+    for inner in walk(op.operation)
+    if is_all_reduce(inner)
+  )
 
 
 def _name(function: ir.Operation) -> str:
@@ -146,10 +157,13 @@ def called_functions(module: ir.Module) -> list[ir.Operation]:
     if op.name == "func.func":
       functions[ir.StringAttr(op.attributes["sym_name"]).value] = op
   seen = set()
-  stack = [name for name, op in functions.items()
-           if "sym_visibility" not in op.attributes or
-           ir.StringAttr(op.attributes["sym_visibility"]).value == "public"]
-  if not stack:                  # no public function (a library of private ones): all count
+  stack = [
+    name
+    for name, op in functions.items()
+    if "sym_visibility" not in op.attributes
+    or ir.StringAttr(op.attributes["sym_visibility"]).value == "public"
+  ]
+  if not stack:  # no public function (a library of private ones): all count
     stack = list(functions)
   while stack:
     name = stack.pop()
@@ -199,8 +213,11 @@ def async_pair(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None | s
     return None
   block = op.block
   body = [o.operation for o in block.operations]
-  if len(body) != 2 or body[1].name not in ("stablehlo.return", "mhlo.return") or \
-      list(body[1].operands) != list(op.results):
+  if (
+    len(body) != 2
+    or body[1].name not in ("stablehlo.return", "mhlo.return")
+    or list(body[1].operands) != list(op.results)
+  ):
     return "an async_start whose region holds more than the all-reduce"
   args = list(block.arguments)
   if len(args) != len(parent.operands) or list(op.operands) != args:
@@ -214,7 +231,7 @@ def async_pair(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None | s
 @dataclasses.dataclass(frozen=True)
 class Operand:
   shape: tuple[int, ...]
-  dtype: str              # MLIR element type spelling: bf16, f16, f32, i32, ...
+  dtype: str  # MLIR element type spelling: bf16, f16, f32, i32, ...
 
   @property
   def size(self) -> int:
@@ -224,13 +241,14 @@ class Operand:
 @dataclasses.dataclass(frozen=True)
 class Site:
   """An all-reduce as found: what every record starts from."""
+
   index: int
   location: str
   operands: tuple[Operand, ...]
-  groups: tuple[tuple[int, ...], ...] | None   # None when the group form is unsupported
-  device_kind: str                             # "partition" or "replica"
+  groups: tuple[tuple[int, ...], ...] | None  # None when the group form is unsupported
+  device_kind: str  # "partition" or "replica"
   num_devices: int
-  async_computation: str | None = None         # the async computation it is in, if any
+  async_computation: str | None = None  # the async computation it is in, if any
 
   @property
   def nbytes(self) -> int:
@@ -269,7 +287,7 @@ _LOC_FILE = re.compile(r'"([^"]+)":(\d+):(\d+)')
 
 
 # The leading jit(...)/pjit(...) scopes of a JAX op name say nothing about the layer.
-_JIT_SCOPES = re.compile(r'^(?:p?jit\([^)/]*\)/)+')
+_JIT_SCOPES = re.compile(r"^(?:p?jit\([^)/]*\)/)+")
 
 
 def _location(op: ir.Operation) -> str:
@@ -314,10 +332,17 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
   else:
     groups, group_problem = None, "no replica groups"
   if has_channel and not global_ids and problem is None:
-    groups = (tuple(range(num_devices)),)   # num_replicas == 1: all partitions, one group
+    groups = (tuple(range(num_devices)),)  # num_replicas == 1: all partitions, one group
   function = enclosing_function(op)
-  site = Site(index, _location(op), tuple(operands), groups, kind, num_devices,
-              function if function in facts.async_computations else None)
+  site = Site(
+    index,
+    _location(op),
+    tuple(operands),
+    groups,
+    kind,
+    num_devices,
+    function if function in facts.async_computations else None,
+  )
   return site, problem or group_problem
 
 
@@ -399,8 +424,10 @@ def _check_kind(site, op, policy, problem):
   if op.name == MHLO_ALL_REDUCE:
     return "mhlo.all_reduce that the conversion to StableHLO left: left as it is"
   if op.name == SDY_ALL_REDUCE:
-    return ("sdy.all_reduce: a sharding op that SPMD partitioning lowers; the pass rewrites "
-            "what it lowers to (equarx_pass.jit's partitioned route), left as it is")
+    return (
+      "sdy.all_reduce: a sharding op that SPMD partitioning lowers; the pass rewrites "
+      "what it lowers to (equarx_pass.jit's partitioned route), left as it is"
+    )
   if op.name == CUSTOM_CALL:
     return "an mhlo.all_reduce encoded as a custom call: left as it is"
 
@@ -410,8 +437,10 @@ def _check_async(site, op, policy, problem):
   if isinstance(pair, str):
     return f"async all-reduce: {pair}"
   if site.async_computation:
-    return ("inside an async computation (HLO async-start ... calls=): replacing it there "
-            "would break the async op; left as it is")
+    return (
+      "inside an async computation (HLO async-start ... calls=): replacing it there "
+      "would break the async op; left as it is"
+    )
 
 
 def _check_supported_groups(site, op, policy, problem):
@@ -445,8 +474,16 @@ def _check_group_size(site, op, policy, problem):
     return "group of one device: nothing to reduce"
 
 
-CHECKS: list[Callable] = [_check_enabled, _check_kind, _check_async, _check_supported_groups,
-                          _check_reduction, _check_types, _check_size, _check_group_size]
+CHECKS: list[Callable] = [
+  _check_enabled,
+  _check_kind,
+  _check_async,
+  _check_supported_groups,
+  _check_reduction,
+  _check_types,
+  _check_size,
+  _check_group_size,
+]
 
 
 def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> Decision:

@@ -34,7 +34,7 @@ from equarx_pass import _jax_private, build, calibration, match, outlier, transf
 from equarx_pass.errors import FlagError
 from equarx_pass.policy import Policy
 
-STATS_ROWS = 4   # in absmax, out absmax, in mean square, out mean square
+STATS_ROWS = 4  # in absmax, out absmax, in mean square, out mean square
 MANUAL_COMPUTATION = "sdy.manual_computation"
 
 
@@ -44,9 +44,9 @@ class _Observed:
   type: str
   manual_computation: ir.Operation
   mesh: match.Mesh
-  stats: ir.Value | None = None      # f32 [1, 4, H] inside the manual computation
+  stats: ir.Value | None = None  # f32 [1, 4, H] inside the manual computation
   features: int = 0
-  output: int = -1                   # index among main's extra results
+  output: int = -1  # index among main's extra results
 
 
 def _observability(op: ir.Operation, main: ir.Operation, facts: match.ModuleFacts):
@@ -72,8 +72,9 @@ def _observability(op: ir.Operation, main: ir.Operation, facts: match.ModuleFact
 
 def _mesh_ref(manual_computation: ir.Operation):
   """The mesh (or its symbol) of a manual computation's first in-sharding, else None."""
-  shardings = list(sdy.TensorShardingPerValueAttr(
-      manual_computation.attributes["in_shardings"]).shardings)
+  shardings = list(
+    sdy.TensorShardingPerValueAttr(manual_computation.attributes["in_shardings"]).shardings
+  )
   return sdy.TensorShardingAttr(shardings[0]).mesh_or_ref if shardings else None
 
 
@@ -88,8 +89,9 @@ def _insert_stats(obs: _Observed, op: ir.Operation) -> None:
     out_max, out_ms = build.emit_feature_stats(op.results[0])
     stacked = hlo.ConcatenateOp([in_max, out_max, in_ms, out_ms], 0).result
     h = ir.RankedTensorType(stacked.type).shape[1]
-    obs.stats = hlo.ReshapeOp(ir.RankedTensorType.get([1, STATS_ROWS, h], ir.F32Type.get()),
-                              stacked).result
+    obs.stats = hlo.ReshapeOp(
+      ir.RankedTensorType.get([1, STATS_ROWS, h], ir.F32Type.get()), stacked
+    ).result
     obs.features = h
 
 
@@ -98,11 +100,11 @@ def _add_results(mc: ir.Operation, observed: list[_Observed]) -> ir.Operation:
   global [devices, 4, H] with the first dimension over every mesh axis."""
   mesh = observed[0].mesh
   f32 = ir.F32Type.get()
-  ref = _mesh_ref(mc)            # observable: an sdy.mesh symbol (_observability)
+  ref = _mesh_ref(mc)  # observable: an sdy.mesh symbol (_observability)
   axes = [sdy.AxisRefAttr.get(name) for name in mesh.axis_names]
   by_device = sdy.TensorShardingAttr.get(
-      ref, [sdy.DimensionShardingAttr.get(axes, True)] +
-      [sdy.DimensionShardingAttr.get([], True)] * 2)
+    ref, [sdy.DimensionShardingAttr.get(axes, True)] + [sdy.DimensionShardingAttr.get([], True)] * 2
+  )
   devices = len(mesh.device_ids)
   out_shardings = list(sdy.TensorShardingPerValueAttr(mc.attributes["out_shardings"]).shardings)
   types = [r.type for r in mc.results]
@@ -110,9 +112,13 @@ def _add_results(mc: ir.Operation, observed: list[_Observed]) -> ir.Operation:
     types.append(ir.RankedTensorType.get([devices, STATS_ROWS, obs.features], f32))
     out_shardings.append(by_device)
   with ir.InsertionPoint(mc), mc.location:
-    new = sdy.ManualComputationOp(types, list(mc.operands), mc.attributes["in_shardings"],
-                                  sdy.TensorShardingPerValueAttr.get(out_shardings),
-                                  mc.attributes["manual_axes"])
+    new = sdy.ManualComputationOp(
+      types,
+      list(mc.operands),
+      mc.attributes["in_shardings"],
+      sdy.TensorShardingPerValueAttr.get(out_shardings),
+      mc.attributes["manual_axes"],
+    )
   block = mc.regions[0].blocks[0]
   terminator = list(block.operations)[-1]
   with ir.InsertionPoint(terminator), terminator.location:
@@ -130,6 +136,7 @@ def observation_module(module: ir.Module, policy: Policy):
   all-reduce that `policy` selects.  Returns (module, observed sites, unobserved
   [(site, reason)])."""
   from equarx_pass.rewrite import copy_module
+
   out = copy_module(module)
   facts = match.module_facts(out)
   main = match.find_function(out, "main")
@@ -171,13 +178,14 @@ def observation_module(module: ir.Module, policy: Policy):
         func.ReturnOp(results + extra)
       terminator.erase()
       ftype = ir.FunctionType(ir.TypeAttr(main.attributes["function_type"]).value)
-      main.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(
-          list(ftype.inputs), list(ftype.results) + [v.type for v in extra]))
+      main.attributes["function_type"] = ir.TypeAttr.get(
+        ir.FunctionType.get(list(ftype.inputs), list(ftype.results) + [v.type for v in extra])
+      )
       if "res_attrs" in main.attributes:
         attrs = list(ir.ArrayAttr(main.attributes["res_attrs"]))
-        main.attributes["res_attrs"] = ir.ArrayAttr.get(
-            attrs + [ir.DictAttr.get({})] * len(extra))
+        main.attributes["res_attrs"] = ir.ArrayAttr.get(attrs + [ir.DictAttr.get({})] * len(extra))
   from equarx_pass.rewrite import verify
+
   verify(out)
   observed.sort(key=lambda o: o.site.index)
   return out, observed, unobserved
@@ -185,17 +193,28 @@ def observation_module(module: ir.Module, policy: Policy):
 
 def _as_args(batch) -> tuple[tuple, dict]:
   """A calibration batch: a tuple of positional arguments, (args, kwargs), or one argument."""
-  if isinstance(batch, tuple) and len(batch) == 2 and isinstance(batch[1], dict) \
-      and isinstance(batch[0], tuple):
+  if (
+    isinstance(batch, tuple)
+    and len(batch) == 2
+    and isinstance(batch[1], dict)
+    and isinstance(batch[0], tuple)
+  ):
     return batch
   if isinstance(batch, tuple):
     return batch, {}
   return (batch,), {}
 
 
-def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | None = None,
-              policy: Policy | None = None, flags: str | None = None, ema: float = 0.9,
-              **jit_kwargs) -> calibration.Calibration:
+def calibrate(
+  fn: Callable,
+  calibration_batches: Iterable[Any],
+  *,
+  path: str | None = None,
+  policy: Policy | None = None,
+  flags: str | None = None,
+  ema: float = 0.9,
+  **jit_kwargs,
+) -> calibration.Calibration:
   """Run `fn` on every batch and write the calibration file for its all-reduces.
 
   fn: what you will pass to equarx_pass.jit (a function, or an equarx_pass.jit
@@ -212,6 +231,7 @@ def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | N
   Returns the Calibration it wrote.
   """
   from equarx_pass.jit import Jitted, resolve_policy
+
   if not 0 <= ema < 1:
     raise FlagError(f"calibrate: ema must be in [0, 1), got {ema}")
   if isinstance(fn, Jitted):
@@ -250,7 +270,7 @@ def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | N
     for obs in observed:
       value = np.asarray(stats[obs.output], np.float64)
       rows = [obs.mesh.device_ids.index(d) for g in obs.site.groups for d in g]
-      per_device = value[rows]           # [devices, 4, H], devices in group order
+      per_device = value[rows]  # [devices, 4, H], devices in group order
       entry = sums.setdefault(obs.site.index, {})
       for i, name in enumerate(calibration.STATISTICS):
         entry[name] = outlier.ema_update(entry.get(name), per_device[:, i], ema)
@@ -262,12 +282,25 @@ def calibrate(fn: Callable, calibration_batches: Iterable[Any], *, path: str | N
     operand = obs.site.operands[0]
     devices = tuple(d for g in obs.site.groups for d in g)
     sites[index] = calibration.SiteCalibration(
-        index, obs.site.location, obs.type, operand.shape, operand.dtype,
-        obs.site.groups, devices, sums[index])
+      index,
+      obs.site.location,
+      obs.type,
+      operand.shape,
+      operand.dtype,
+      obs.site.groups,
+      devices,
+      sums[index],
+    )
   result = calibration.Calibration(
-      sites, ema, count,
-      [dict(index=s.index, location=s.location, reason=r)
-       for i, (s, r) in sorted(unobserved.items()) if i not in sites])
+    sites,
+    ema,
+    count,
+    [
+      dict(index=s.index, location=s.location, reason=r)
+      for i, (s, r) in sorted(unobserved.items())
+      if i not in sites
+    ],
+  )
   transform.write_atomically(path, json.dumps(result.to_json()))
   return result
 
@@ -288,9 +321,15 @@ def _observation_program(jitted, args, kwargs, policy: Policy):
 def _check_same_site(first: _Observed, other: _Observed) -> None:
   """Batches of another signature must give the same site there (only the rows may differ)."""
   a, b = first.site, other.site
-  same = (a.location == b.location and a.groups == b.groups and
-          a.operands[0].dtype == b.operands[0].dtype and first.features == other.features)
+  same = (
+    a.location == b.location
+    and a.groups == b.groups
+    and a.operands[0].dtype == b.operands[0].dtype
+    and first.features == other.features
+  )
   if not same:
-    raise FlagError(f"calibrate: batches of different input signatures give different "
-                    f"all-reduces at site #{a.index} ({a.location}, {first.type} vs "
-                    f"{b.location}, {other.type}); calibrate each program separately")
+    raise FlagError(
+      f"calibrate: batches of different input signatures give different "
+      f"all-reduces at site #{a.index} ({a.location}, {first.type} vs "
+      f"{b.location}, {other.type}); calibrate each program separately"
+    )

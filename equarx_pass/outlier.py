@@ -40,9 +40,9 @@ import numpy as np
 
 from equarx_pass import quantize as qz
 
-QMAX = 7                      # int4 symmetric: codes -7 .. 7
-NONFINITE_CODE = -8           # the unused int4 code: "this value was NaN or Inf"
-FEATURES_PER_OUTLIER = 64     # k = H // 64 features stay in bf16
+QMAX = 7  # int4 symmetric: codes -7 .. 7
+NONFINITE_CODE = -8  # the unused int4 code: "this value was NaN or Inf"
+FEATURES_PER_OUTLIER = 64  # k = H // 64 features stay in bf16
 
 
 def outlier_count(features: int) -> int:
@@ -62,11 +62,12 @@ def outlier_features(ranges: np.ndarray, count: int) -> tuple[int, ...]:
 @dataclasses.dataclass(frozen=True)
 class OutlierLayout:
   """How a site's [M, H] operand splits into N chunks of R rows, and its features."""
-  num_rows: int                 # M
-  features: int                 # H
-  group_size: int               # N
-  rows: int                     # R, rows per chunk
-  outliers: tuple[int, ...]     # features sent as bf16, ascending
+
+  num_rows: int  # M
+  features: int  # H
+  group_size: int  # N
+  rows: int  # R, rows per chunk
+  outliers: tuple[int, ...]  # features sent as bf16, ascending
 
   @property
   def normal(self) -> tuple[int, ...]:
@@ -146,25 +147,29 @@ def quantize_static(x: np.ndarray, reciprocal: np.ndarray) -> np.ndarray:
 def code_values(codes: np.ndarray) -> np.ndarray:
   """int8 codes -> f32 code values, NaN for NONFINITE_CODE."""
   codes = np.asarray(codes, np.int8)
-  return np.where(codes == NONFINITE_CODE, np.float32(np.nan),
-                  codes.astype(np.float32)).astype(np.float32)
+  return np.where(codes == NONFINITE_CODE, np.float32(np.nan), codes.astype(np.float32)).astype(
+    np.float32
+  )
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
   import ml_dtypes
+
   return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16)
 
 
 @dataclasses.dataclass(frozen=True)
 class GroupScales:
   """The static numbers of one site for one group, ranks in group order."""
-  in_ranges: np.ndarray         # [N, H]: each rank's operand range per feature
-  out_ranges: np.ndarray        # [H]: the result's range per feature
+
+  in_ranges: np.ndarray  # [N, H]: each rank's operand range per feature
+  out_ranges: np.ndarray  # [H]: the result's range per feature
   outliers: tuple[int, ...]
 
 
-def reference(inputs: Sequence[np.ndarray], scales: GroupScales, out_dtype=None
-              ) -> list[np.ndarray]:
+def reference(
+  inputs: Sequence[np.ndarray], scales: GroupScales, out_dtype=None
+) -> list[np.ndarray]:
   """Per-rank results of the calibrated two-shot over one group, ranks in group order.
 
   inputs[r]: rank r's operand (any shape, last dimension = features, all equal).
@@ -184,7 +189,7 @@ def reference(inputs: Sequence[np.ndarray], scales: GroupScales, out_dtype=None
   codes, hot = [], []
   for r in range(n):
     x = np.zeros((layout.padded_rows, layout.features), np.float32)
-    x[:layout.num_rows] = np.asarray(inputs[r], np.float32).reshape(layout.num_rows, -1)
+    x[: layout.num_rows] = np.asarray(inputs[r], np.float32).reshape(layout.num_rows, -1)
     x = x[:, perm]
     codes.append(quantize_static(x[:, :hn], in_recip[r]))
     hot.append(to_bf16(x[:, hn:]))
@@ -205,7 +210,7 @@ def reference(inputs: Sequence[np.ndarray], scales: GroupScales, out_dtype=None
   values = np.concatenate([normal, np.concatenate(own_hot).astype(np.float32)], axis=1)
   out = np.empty_like(values)
   out[:, perm] = values
-  flat = out[:layout.num_rows].reshape(-1)
+  flat = out[: layout.num_rows].reshape(-1)
   with np.errstate(over="ignore", invalid="ignore"):
     result = flat.astype(out_dtype).reshape(shape)
   return [result.copy() for _ in range(n)]

@@ -30,9 +30,9 @@ from equarx_pass.errors import ParseError
 
 MLIR_BYTECODE_MAGIC = b"ML\xefR"
 # "loc("-":3:9)" -> line 3, column 9 (the diagnostic's location, not IR text).
-_LOC_LINE_COL = re.compile(r':(\d+):(\d+)')
+_LOC_LINE_COL = re.compile(r":(\d+):(\d+)")
 # HLO parser errors say "was parsing 3:15: error: ...".
-_HLO_LINE_COL = re.compile(r'was parsing (\d+):(\d+): error: ([^\n]*)')
+_HLO_LINE_COL = re.compile(r"was parsing (\d+):(\d+): error: ([^\n]*)")
 # A literal XLA elided from a text dump: `constant({...})`, outside string literals.
 _HLO_ELIDED = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|(\{\.\.\.\})')
 
@@ -56,17 +56,18 @@ DIALECTS = ("builtin", "func", "stablehlo", "chlo", "sdy", "mhlo")
 # Brackets outside string literals and comments; "->" and "<=" / ">=" are not brackets.
 # (The string pattern is unrolled: a 100 MB hex constant must not take minutes.)
 _STRING = r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"'
-_BRACKETS = re.compile(_STRING + r'|//[^\n]*|->|[<>]=|[][(){}<>]')
+_BRACKETS = re.compile(_STRING + r"|//[^\n]*|->|[<>]=|[][(){}<>]")
 # Alias definitions (`#loc3 = loc(...)`, `!t = tuple<...>`: groups 1 and 2), alias
 # uses (group 1), brackets (group 3) and line ends, outside strings and comments.
 _ALIAS_TOKENS = re.compile(
-    _STRING + r'|//[^\n]*|([#!][\w$.-]+)([ \t]*=(?![=>]))?|->|[<>]=|([][(){}<>])|\n')
+  _STRING + r"|//[^\n]*|([#!][\w$.-]+)([ \t]*=(?![=>]))?|->|[<>]=|([][(){}<>])|\n"
+)
 
 
 @dataclasses.dataclass
 class ParsedModule:
   module: ir.Module
-  kind: str        # "stablehlo-text", "stablehlo-bytecode", "portable-artifact" or "hlo-text"
+  kind: str  # "stablehlo-text", "stablehlo-bytecode", "portable-artifact" or "hlo-text"
   path: str
 
 
@@ -79,8 +80,9 @@ def parse_file(path: str, context: ir.Context | None = None) -> ParsedModule:
   return parse_bytes(data, path, context)
 
 
-def parse_bytes(data: bytes | str, path: str = "<input>",
-                context: ir.Context | None = None) -> ParsedModule:
+def parse_bytes(
+  data: bytes | str, path: str = "<input>", context: ir.Context | None = None
+) -> ParsedModule:
   """Detect the input kind and parse it into `context` (default: a fresh JAX context)."""
   context = context or _jax_private.make_ir_context()
   if isinstance(data, str):
@@ -93,11 +95,12 @@ def parse_bytes(data: bytes | str, path: str = "<input>",
   try:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
-    line = data[:e.start].count(b"\n") + 1
-    raise ParseError("binary data that is neither MLIR bytecode nor UTF-8 text",
-                     path, line) from None
+    line = data[: e.start].count(b"\n") + 1
+    raise ParseError(
+      "binary data that is neither MLIR bytecode nor UTF-8 text", path, line
+    ) from None
   if "\x00" in text:
-    raise ParseError("text contains NUL bytes", path, text[:text.index("\x00")].count("\n") + 1)
+    raise ParseError("text contains NUL bytes", path, text[: text.index("\x00")].count("\n") + 1)
   _check_nesting(text, path)
   if _first_code_line(text).startswith("HloModule"):
     return ParsedModule(_parse_hlo_text(text, path, context), "hlo-text", path)
@@ -117,8 +120,12 @@ def _check_nesting(text: str, path: str) -> None:
       if depth > MAX_NESTING:
         line = text.count("\n", 0, m.start()) + 1
         col = m.start() - text.rfind("\n", 0, m.start())
-        raise ParseError(f"brackets nested more than {MAX_NESTING} deep; "
-                         "the parser would overflow its stack", path, line, col)
+        raise ParseError(
+          f"brackets nested more than {MAX_NESTING} deep; the parser would overflow its stack",
+          path,
+          line,
+          col,
+        )
     else:
       # Never below 0: stray closers must not pay for deeper nesting later.
       depth = max(depth - 1, 0)
@@ -133,15 +140,18 @@ def _check_aliases(text: str, path: str) -> None:
   its brackets are open.
   """
   limit = MAX_EXPANSION * len(text) + (1 << 20)
-  measured = {}            # alias -> (depth, printed size)
-  current = None           # [name, offset of the definition, depth, size, open brackets]
+  measured = {}  # alias -> (depth, printed size)
+  current = None  # [name, offset of the definition, depth, size, open brackets]
 
   def close(end):
     name, start, depth, size, _ = current
     size += end - start
     if depth > MAX_NESTING or size > limit:
-      why = (f"nests other aliases more than {MAX_NESTING} deep" if depth > MAX_NESTING else
-             f"expands to more than {MAX_EXPANSION}x the input's size")
+      why = (
+        f"nests other aliases more than {MAX_NESTING} deep"
+        if depth > MAX_NESTING
+        else f"expands to more than {MAX_EXPANSION}x the input's size"
+      )
       raise ParseError(f"alias {name} {why}", path, text.count("\n", 0, start) + 1, 1)
     measured[name] = (depth, size)
 
@@ -218,11 +228,11 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
   if first & 1:
     return first >> 1, pos + 1
   if first == 0:
-    return int.from_bytes(data[pos + 1:pos + 9], "little"), pos + 9
-  size = (first & -first).bit_length()      # trailing zero bits + 1 = bytes in all
+    return int.from_bytes(data[pos + 1 : pos + 9], "little"), pos + 9
+  size = (first & -first).bit_length()  # trailing zero bits + 1 = bytes in all
   if pos + size > len(data):
     raise IndexError(pos)
-  return int.from_bytes(data[pos:pos + size], "little") >> size, pos + size
+  return int.from_bytes(data[pos : pos + size], "little") >> size, pos + size
 
 
 def _check_bytecode_strings(data: bytes, path: str) -> None:
@@ -233,8 +243,10 @@ def _check_bytecode_strings(data: bytes, path: str) -> None:
   conversion error) on a diagnostic that is not UTF-8.  Anything else malformed
   here is left to the reader, which reports it without quoting raw bytes.
   """
+
   def bad(what):
     raise ParseError(f"MLIR bytecode whose {what} is not UTF-8 text: corrupted", path)
+
   try:
     _, pos = _varint(data, len(MLIR_BYTECODE_MAGIC))
     end = data.index(b"\0", pos)
@@ -246,22 +258,22 @@ def _check_bytecode_strings(data: bytes, path: str) -> None:
     while pos < len(data):
       section, pos = data[pos], pos + 1
       length, pos = _varint(data, pos)
-      if section & 0x80:                   # aligned: alignment, then padding
+      if section & 0x80:  # aligned: alignment, then padding
         alignment, pos = _varint(data, pos)
         if alignment:
           pos += -pos % alignment
-      body = data[pos:pos + length]
+      body = data[pos : pos + length]
       pos += length
-      if section & 0x7F != 0:              # 0: the string section
+      if section & 0x7F != 0:  # 0: the string section
         continue
       count, at = _varint(body, 0)
       end = len(body)
-      for _ in range(count):               # lengths in reverse order, strings from the back
+      for _ in range(count):  # lengths in reverse order, strings from the back
         size, at = _varint(body, at)
         if not 0 < size <= end:
           return
         try:
-          body[end - size:end - 1].decode("utf-8")
+          body[end - size : end - 1].decode("utf-8")
         except UnicodeDecodeError:
           bad("string table")
         end -= size
@@ -278,12 +290,15 @@ def _parse_hlo_text(text: str, path: str, context: ir.Context) -> ir.Module:
   # header, or every collective would look like a single-device one.
   header = _hlo_header_fields(text)
   i32 = ir.IntegerType.get_signless(32, context)
-  for hlo_key, attr in (("num_partitions", "mhlo.num_partitions"),
-                        ("replica_count", "mhlo.num_replicas")):
+  for hlo_key, attr in (
+    ("num_partitions", "mhlo.num_partitions"),
+    ("replica_count", "mhlo.num_replicas"),
+  ):
     value = header.get(hlo_key, "1")
     if not value.isdigit() or not 1 <= int(value) <= MAX_DEVICES:
-      raise ParseError(f"HLO module header: {hlo_key}={value} is not a device count in "
-                       f"[1, {MAX_DEVICES}]", path, 1)
+      raise ParseError(
+        f"HLO module header: {hlo_key}={value} is not a device count in [1, {MAX_DEVICES}]", path, 1
+      )
     module.operation.attributes[attr] = ir.IntegerAttr.get(i32, int(value))
   _check_device_counts(module, path)
   return module
@@ -294,20 +309,24 @@ def _check_no_elided_constants(text: str, path: str) -> None:
   unless told otherwise.  XLA's parser accepts that and makes up the values, so such
   a module would be rewritten and written out with garbage constants: refuse it."""
   for m in _HLO_ELIDED.finditer(text):
-    if m.group(1) is None:       # a string literal (metadata), not an operand
+    if m.group(1) is None:  # a string literal (metadata), not an operand
       continue
     line = text.count("\n", 0, m.start(1)) + 1
     column = m.start(1) - text.rfind("\n", 0, m.start(1))
-    raise ParseError("a constant whose values XLA left out of the dump ({...}); dump the "
-                     "module again with XLA_FLAGS=--xla_dump_large_constants=true",
-                     path, line, column)
+    raise ParseError(
+      "a constant whose values XLA left out of the dump ({...}); dump the "
+      "module again with XLA_FLAGS=--xla_dump_large_constants=true",
+      path,
+      line,
+      column,
+    )
 
 
 def _hlo_header_fields(text: str) -> dict[str, str]:
   """`HloModule name, k1=v1, k2={...}` -> {k1: v1, ...} (top-level commas only)."""
   header = _first_code_line(text)
   fields, depth, item = {}, 0, []
-  for ch in header[len("HloModule"):] + ",":
+  for ch in header[len("HloModule") :] + ",":
     if ch in "{(":
       depth += 1
     elif ch in "})":
@@ -326,26 +345,33 @@ def _check_is_stablehlo(module: ir.Module, path: str, source_size: int) -> None:
   names = {op.operation.name for op in module.body.operations}
   if "func.func" not in names:
     found = ", ".join(sorted(names)) or "nothing"
-    raise ParseError(f"not a StableHLO program: the module has no func.func (found {found})",
-                     path, 1, 1)
+    raise ParseError(
+      f"not a StableHLO program: the module has no func.func (found {found})", path, 1, 1
+    )
   _check_device_counts(module, path)
   # Iteratively, with explicit stacks: recursion is what is being guarded against.
   measured = {}
   printed = _measure(module.operation.attributes.values(), measured, path)
   limit = MAX_EXPANSION * source_size + (1 << 20)
   if printed > limit:
-    raise ParseError(f"module attributes expand to more than {MAX_EXPANSION}x the input's size",
-                     path)
+    raise ParseError(
+      f"module attributes expand to more than {MAX_EXPANSION}x the input's size", path
+    )
   stack = [(op.operation, 1) for op in module.body.operations]
   while stack:
     op, depth = stack.pop()
     dialect = op.name.partition(".")[0]
     if dialect not in DIALECTS:
-      raise ParseError(f"not a StableHLO program: {op.name} is an op of the {dialect} dialect "
-                       f"(expected only {', '.join(DIALECTS)})", path, *_text_position(op))
+      raise ParseError(
+        f"not a StableHLO program: {op.name} is an op of the {dialect} dialect "
+        f"(expected only {', '.join(DIALECTS)})",
+        path,
+        *_text_position(op),
+      )
     if depth > MAX_OP_NESTING:
-      raise ParseError(f"ops nested more than {MAX_OP_NESTING} regions deep", path,
-                       *_text_position(op))
+      raise ParseError(
+        f"ops nested more than {MAX_OP_NESTING} regions deep", path, *_text_position(op)
+      )
     printed += _measure(op.attributes.values(), measured, path)
     printed += _measure([r.type for r in op.results], measured, path)
     for region in op.regions:
@@ -353,8 +379,11 @@ def _check_is_stablehlo(module: ir.Module, path: str, source_size: int) -> None:
         printed += _measure([a.type for a in block.arguments], measured, path)
         stack.extend((child.operation, depth + 1) for child in block.operations)
     if printed > limit:
-      raise ParseError(f"attribute and type aliases expand to more than {MAX_EXPANSION}x "
-                       "the input's size", path, *_text_position(op))
+      raise ParseError(
+        f"attribute and type aliases expand to more than {MAX_EXPANSION}x the input's size",
+        path,
+        *_text_position(op),
+      )
 
 
 def _parts(node) -> list:
@@ -417,8 +446,11 @@ def _check_device_counts(module: ir.Module, path: str) -> None:
       raise ParseError(f"module attribute {name} must be a positive integer, got {attr}", path)
     total *= value
   if total > MAX_DEVICES:
-    raise ParseError(f"the module claims {total} devices (mhlo.num_partitions x "
-                     f"mhlo.num_replicas); at most {MAX_DEVICES} are supported", path)
+    raise ParseError(
+      f"the module claims {total} devices (mhlo.num_partitions x "
+      f"mhlo.num_replicas); at most {MAX_DEVICES} are supported",
+      path,
+    )
 
 
 def _text_position(op: ir.Operation) -> tuple[int | None, int | None]:
@@ -450,8 +482,9 @@ def _parse_converted(text: str, path: str, context: ir.Context) -> ir.Module:
     return _parse_mlir(text, path, context)
   except ParseError as e:
     message = e.message.removeprefix("MLIR parse error: ")
-    raise ParseError(f"jaxlib's conversion of this input gave a module that MLIR cannot "
-                     f"read back: {message}", path) from None
+    raise ParseError(
+      f"jaxlib's conversion of this input gave a module that MLIR cannot read back: {message}", path
+    ) from None
 
 
 def _convert(kind: bytes, data: bytes, limit: int) -> tuple[str, str]:
@@ -478,8 +511,9 @@ def _convert(kind: bytes, data: bytes, limit: int) -> tuple[str, str]:
     except Exception as e:  # jaxlib raises JaxRuntimeError (INVALID_ARGUMENT)
       m = _HLO_LINE_COL.search(str(e))
       if m:
-        raise ParseError(f"HLO parse error: {m.group(3)}", None,
-                         int(m.group(1)), int(m.group(2))) from None
+        raise ParseError(
+          f"HLO parse error: {m.group(3)}", None, int(m.group(1)), int(m.group(2))
+        ) from None
       raise ParseError(f"HLO parse error: {str(e).splitlines()[0]}") from None
     try:
       bytecode = jax_mlir.hlo_to_stablehlo(proto)
@@ -505,13 +539,21 @@ class _BoundedText:
   def write(self, part: str) -> None:
     self.size += len(part)
     if self.size > self.limit:
-      _reply(b"e", json.dumps([f"prints as more than {MAX_EXPANSION}x the input's size "
-                               "(nested locations or aliases)", None, None]).encode())
+      _reply(
+        b"e",
+        json.dumps(
+          [
+            f"prints as more than {MAX_EXPANSION}x the input's size (nested locations or aliases)",
+            None,
+            None,
+          ]
+        ).encode(),
+      )
       os._exit(0)
     self.parts.append(part)
 
 
-_PROTOCOL = None   # the helper's reply stream
+_PROTOCOL = None  # the helper's reply stream
 
 
 def _reply(status: bytes, payload: bytes) -> None:
@@ -527,11 +569,12 @@ def helper_main() -> None:
   # Linux kills it with its parent, and an alarm ends each request in time.
   try:
     import ctypes
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
   except (OSError, AttributeError):
     pass
   if os.getppid() != int(os.environ.get("EQUARX_PARSE_PARENT", os.getppid())):
-    return                                       # the parent died before prctl
+    return  # the parent died before prctl
   # Keep the protocol stream to ourselves: anything printed goes to stderr.
   _PROTOCOL = os.fdopen(os.dup(1), "wb")
   os.dup2(2, 1)
@@ -540,8 +583,11 @@ def helper_main() -> None:
     header = requests.read(13)
     if len(header) < 13:
       return
-    kind, seconds, size = header[:1], int.from_bytes(header[1:5], "big"), \
-        int.from_bytes(header[5:], "big")
+    kind, seconds, size = (
+      header[:1],
+      int.from_bytes(header[1:5], "big"),
+      int.from_bytes(header[5:], "big"),
+    )
     data = requests.read(size)
     limit = MAX_EXPANSION * size + (1 << 20)
     # SIGALRM's default action ends the process even inside C++ code.
@@ -560,7 +606,7 @@ class _Helper:
     self.lock = threading.Lock()
     self.proc = None
     self.stderr = None
-    self.owner = None       # the pid that started it: a forked child needs its own
+    self.owner = None  # the pid that started it: a forked child needs its own
 
   def _start(self) -> None:
     env = dict(os.environ, JAX_PLATFORMS="cpu", EQUARX_PARSE_PARENT=str(os.getpid()))
@@ -569,8 +615,12 @@ class _Helper:
     self.stderr = tempfile.TemporaryFile()
     self.owner = os.getpid()
     self.proc = subprocess.Popen(
-        [sys.executable, "-c", "from equarx_pass import parse; parse.helper_main()"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr, env=env)
+      [sys.executable, "-c", "from equarx_pass import parse; parse.helper_main()"],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=self.stderr,
+      env=env,
+    )
 
   def stop(self) -> None:
     if self.proc is not None:
@@ -589,8 +639,9 @@ class _Helper:
       self.stderr.seek(0)
       self.stderr.truncate()
       try:
-        self.proc.stdin.write(kind + seconds.to_bytes(4, "big") + len(data).to_bytes(8, "big")
-                              + data)
+        self.proc.stdin.write(
+          kind + seconds.to_bytes(4, "big") + len(data).to_bytes(8, "big") + data
+        )
         self.proc.stdin.flush()
         header = self._read(9, deadline)
         payload = self._read(int.from_bytes(header[1:], "big"), deadline)
@@ -600,12 +651,14 @@ class _Helper:
       except (OSError, EOFError):
         code = self.proc.wait()
         self.proc = None
-        raise ParseError(f"jaxlib's {what} crashed on this input ({self._why(code)}): a "
-                         "corrupted file, or a construct jaxlib's parser cannot handle",
-                         path) from None
+        raise ParseError(
+          f"jaxlib's {what} crashed on this input ({self._why(code)}): a "
+          "corrupted file, or a construct jaxlib's parser cannot handle",
+          path,
+        ) from None
     if header[:1] == b"e":
       message, line, column = json.loads(payload)
-      if kind == b"b":      # positions in bytecode are not positions in the file
+      if kind == b"b":  # positions in bytecode are not positions in the file
         line = column = None
       raise ParseError(message, path, line, column)
     kind_name, _, text = payload.partition(b"\0")

@@ -61,13 +61,13 @@ class NotPartitionable(Exception):
 
 @dataclasses.dataclass
 class PartitionedRewrite:
-  compiled: object              # the first compile (plain jax.jit's executable)
-  result: RewriteResult         # its site records; result.module's functions were moved
-                                # into `module` (_rebuild), so read the program there
-  module: ir.Module | None      # the rebuilt global module; None when nothing was rewritten
+  compiled: object  # the first compile (plain jax.jit's executable)
+  result: RewriteResult  # its site records; result.module's functions were moved
+  # into `module` (_rebuild), so read the program there
+  module: ir.Module | None  # the rebuilt global module; None when nothing was rewritten
   first_compile_seconds: float  # compiling the original to expose its per-device program
-  pass_seconds: float           # converting, rewriting and rebuilding
-  compiled_all_reduces: int     # all-reduces in plain jax.jit's compiled program
+  pass_seconds: float  # converting, rewriting and rebuilding
+  compiled_all_reduces: int  # all-reduces in plain jax.jit's compiled program
 
 
 def rewrite_partitioned(lowered, policy: Policy) -> PartitionedRewrite:
@@ -81,18 +81,26 @@ def rewrite_partitioned(lowered, policy: Policy) -> PartitionedRewrite:
   per_device = _per_device_module(hlo_proto, original)
   result = rewrite_module(per_device, policy, _jax_private.lowered_platform(lowered))
   module = None
-  if result.modified or policy.identity:   # identity: rebuild even with no site selected
+  if result.modified or policy.identity:  # identity: rebuild even with no site selected
     in_shardings, out_shardings = _jax_private.executable_shardings(compiled)
     module = _rebuild(original, result.module, mesh_name, mesh, in_shardings, out_shardings)
-  return PartitionedRewrite(compiled, result, module, first_compile,
-                            time.perf_counter() - start, count_compiled_all_reduces(compiled))
+  return PartitionedRewrite(
+    compiled,
+    result,
+    module,
+    first_compile,
+    time.perf_counter() - start,
+    count_compiled_all_reduces(compiled),
+  )
 
 
 def count_compiled_all_reduces(compiled) -> int:
   """All-reduces (sync, or async start) in a Compiled's optimized HLO.  XLA's combiner
   merges all-reduces after partitioning, so this can be fewer than the sites."""
-  return sum(len(re.findall(r"\ball-reduce(?:-start)?\(", module.to_string()))
-             for module in _jax_private.compiled_hlo_modules(compiled))
+  return sum(
+    len(re.findall(r"\ball-reduce(?:-start)?\(", module.to_string()))
+    for module in _jax_private.compiled_hlo_modules(compiled)
+  )
 
 
 def _compile_and_dump(lowered):
@@ -107,17 +115,23 @@ def _compile_and_dump(lowered):
     # rgv3_materialization off: XLA then writes the collectives' groups as device lists
     # (iota or explicit), which the conversion to StableHLO keeps; in its mesh-axes form
     # the conversion drops each collective's device order (see mesh_device_ids).
-    options = {"xla_dump_to": tmp, "xla_dump_hlo_pass_re": PARTITION_PASS,
-               "xla_dump_hlo_as_proto": True, "xla_dump_hlo_as_text": False,
-               "xla_enable_rgv3_materialization": False}
+    options = {
+      "xla_dump_to": tmp,
+      "xla_dump_hlo_pass_re": PARTITION_PASS,
+      "xla_dump_hlo_as_proto": True,
+      "xla_dump_hlo_as_text": False,
+      "xla_enable_rgv3_materialization": False,
+    }
     compiled = lowered.compile(compiler_options=options)
     # module_NNNN.jit_f.NNNN.spmd-partitioner.after_spmd-partitioning.before_X.hlo.pb
-    names = sorted(n for n in os.listdir(tmp)
-                   if f"after_{PARTITION_PASS}." in n and n.endswith(".hlo.pb"))
+    names = sorted(
+      n for n in os.listdir(tmp) if f"after_{PARTITION_PASS}." in n and n.endswith(".hlo.pb")
+    )
     if not names:
       raise NotPartitionable(
-          f"XLA ran no {PARTITION_PASS} pass (a single-device program, or a compile "
-          "cache hit); nothing to rewrite")
+        f"XLA ran no {PARTITION_PASS} pass (a single-device program, or a compile "
+        "cache hit); nothing to rewrite"
+      )
     with open(os.path.join(tmp, names[-1]), "rb") as f:
       return compiled, hlo_module_of_dump(f.read())
 
@@ -142,12 +156,14 @@ def hlo_module_of_dump(data: bytes) -> bytes:
       if field == 1:
         if pos + size > len(data):
           break
-        return data[pos:pos + size]
+        return data[pos : pos + size]
       pos += size
     else:
       break
-  raise RewriteError("XLA's dump of the partitioned program holds no HLO module "
-                     "(an HloProto without field hlo_module)")
+  raise RewriteError(
+    "XLA's dump of the partitioned program holds no HLO module "
+    "(an HloProto without field hlo_module)"
+  )
 
 
 def _proto_varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -169,8 +185,9 @@ def _only_mesh(module: ir.Module):
   optimizer's step count made outside jit) shards nothing, so it is not counted."""
   meshes = [(name, mesh) for name, mesh in match.module_facts(module).meshes if mesh.axis_names]
   if len(meshes) != 1:
-    raise NotPartitionable(f"the program uses {len(meshes)} device meshes; the "
-                           "partitioned route handles exactly one")
+    raise NotPartitionable(
+      f"the program uses {len(meshes)} device meshes; the partitioned route handles exactly one"
+    )
   return meshes[0]
 
 
@@ -209,13 +226,17 @@ def mesh_device_ids(hlo_text: str) -> dict[tuple, tuple[int, ...]]:
   """
   found = {}
   for m in _MESH_GROUPS.finditer(hlo_text):
-    axes = tuple((name.strip().strip("'\""), int(size))
-                 for name, _, size in (a.partition("=") for a in m.group(1).split(",") if a))
+    axes = tuple(
+      (name.strip().strip("'\""), int(size))
+      for name, _, size in (a.partition("=") for a in m.group(1).split(",") if a)
+    )
     count = int(np.prod([size for _, size in axes], dtype=np.int64))
     ids = _device_ids(m.group(2), count) if m.group(2) else tuple(range(count))
     if found.setdefault(axes, ids) != ids:
-      raise NotPartitionable(f"the partitioned program orders the devices of mesh {axes} "
-                             "in two ways; the route cannot rebuild it faithfully")
+      raise NotPartitionable(
+        f"the partitioned program orders the devices of mesh {axes} "
+        "in two ways; the route cannot rebuild it faithfully"
+      )
   return found
 
 
@@ -233,8 +254,9 @@ def _device_ids(text: str, count: int) -> tuple[int, ...]:
   try:
     ids = tuple(int(i) for i in text.split(","))
   except ValueError:
-    raise NotPartitionable(f"device ids {text!r} in the partitioned program are in a form "
-                           "the route does not read") from None
+    raise NotPartitionable(
+      f"device ids {text!r} in the partitioned program are in a form the route does not read"
+    ) from None
   if sorted(ids) != list(range(count)):
     raise NotPartitionable(f"device ids {text!r} are not a permutation of {count} devices")
   return ids
@@ -252,7 +274,8 @@ def _restore_mesh_device_ids(module: ir.Module, device_ids: dict) -> None:
       continue
     text = ", ".join(f'"{name}"={size}' for name, size in axes)
     op.attributes["mesh"] = ir.Attribute.parse(
-        f"#sdy.mesh<[{text}], device_ids=[{', '.join(map(str, ids))}]>", module.context)
+      f"#sdy.mesh<[{text}], device_ids=[{', '.join(map(str, ids))}]>", module.context
+    )
 
 
 def _dense_replica_groups(module: ir.Module) -> None:
@@ -272,7 +295,8 @@ def _dense_replica_groups(module: ir.Module) -> None:
     array = np.array(groups, np.int64)
     with module.context, ir.Location.unknown():
       attrs["replica_groups"] = ir.DenseIntElementsAttr.get(
-          array, type=ir.RankedTensorType.get(list(array.shape), i64))
+        array, type=ir.RankedTensorType.get(list(array.shape), i64)
+      )
 
 
 def sdy_sharding_text(sharding, mesh_name: str, mesh: match.Mesh, rank: int) -> str:
@@ -281,10 +305,13 @@ def sdy_sharding_text(sharding, mesh_name: str, mesh: match.Mesh, rank: int) -> 
   jax_mesh = getattr(sharding, "mesh", None)
   if spec is None or jax_mesh is None:
     raise NotPartitionable(f"a sharding the partitioned route cannot express: {sharding}")
-  if tuple(jax_mesh.axis_names) != tuple(mesh.axis_names) or \
-      tuple(jax_mesh.axis_sizes) != tuple(mesh.axis_sizes):
-    raise NotPartitionable(f"sharding {sharding} is over another mesh than the program's "
-                           f"{dict(zip(mesh.axis_names, mesh.axis_sizes))}")
+  if tuple(jax_mesh.axis_names) != tuple(mesh.axis_names) or tuple(jax_mesh.axis_sizes) != tuple(
+    mesh.axis_sizes
+  ):
+    raise NotPartitionable(
+      f"sharding {sharding} is over another mesh than the program's "
+      f"{dict(zip(mesh.axis_names, mesh.axis_sizes))}"
+    )
   if getattr(spec, "unreduced", None) or getattr(spec, "reduced", None):
     raise NotPartitionable(f"unreduced/reduced axes in {sharding} are not supported")
   dims = []
@@ -295,8 +322,14 @@ def sdy_sharding_text(sharding, mesh_name: str, mesh: match.Mesh, rank: int) -> 
   return f"#sdy.sharding<@{mesh_name}, [{', '.join(dims)}]>"
 
 
-def _rebuild(original: ir.Module, per_device: ir.Module, mesh_name: str, mesh: match.Mesh,
-             in_shardings, out_shardings) -> ir.Module:
+def _rebuild(
+  original: ir.Module,
+  per_device: ir.Module,
+  mesh_name: str,
+  mesh: match.Mesh,
+  in_shardings,
+  out_shardings,
+) -> ir.Module:
   """`original`'s main (signature and attributes) around the per-device program."""
   module = copy_module(original)
   ctx = module.context
@@ -308,8 +341,7 @@ def _rebuild(original: ir.Module, per_device: ir.Module, mesh_name: str, mesh: m
       if op.operation.name == "func.func" and op.operation != main.operation:
         op.operation.erase()
     _move_functions(per_device, module)
-    per_main = _function(module, PER_DEVICE_MAIN,
-                         f"no function @{PER_DEVICE_MAIN} after the move")
+    per_main = _function(module, PER_DEVICE_MAIN, f"no function @{PER_DEVICE_MAIN} after the move")
 
     arg_types = list(main.type.inputs)
     result_types = list(main.type.results)
@@ -317,14 +349,19 @@ def _rebuild(original: ir.Module, per_device: ir.Module, mesh_name: str, mesh: m
     local_out = list(per_main.type.results)
     if len(local_in) != len(arg_types) or len(local_out) != len(result_types):
       raise NotPartitionable(
-          f"the partitioned program takes {len(local_in)} arguments and returns "
-          f"{len(local_out)} results; the original main {len(arg_types)} and {len(result_types)}")
+        f"the partitioned program takes {len(local_in)} arguments and returns "
+        f"{len(local_out)} results; the original main {len(arg_types)} and {len(result_types)}"
+      )
     if len(in_shardings) != len(arg_types) or len(out_shardings) != len(result_types):
       raise NotPartitionable("the executable's shardings do not match main's arguments and results")
-    in_attrs = [ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape)))
-                for s, t in zip(in_shardings, map(ir.RankedTensorType, arg_types))]
-    out_attrs = [ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape)))
-                 for s, t in zip(out_shardings, map(ir.RankedTensorType, result_types))]
+    in_attrs = [
+      ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape)))
+      for s, t in zip(in_shardings, map(ir.RankedTensorType, arg_types))
+    ]
+    out_attrs = [
+      ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape)))
+      for s, t in zip(out_shardings, map(ir.RankedTensorType, result_types))
+    ]
     _set_value_attrs(main, "arg_attrs", in_attrs)
     _set_value_attrs(main, "res_attrs", out_attrs)
 
@@ -333,14 +370,17 @@ def _rebuild(original: ir.Module, per_device: ir.Module, mesh_name: str, mesh: m
       op.operation.erase()
     with ir.InsertionPoint(block):
       manual = sdy.ManualComputationOp(
-          result_types, list(block.arguments),
-          sdy.TensorShardingPerValueAttr.get(in_attrs),
-          sdy.TensorShardingPerValueAttr.get(out_attrs),
-          sdy.ManualAxesAttr.get([ir.StringAttr.get(n) for n in mesh.axis_names]))
+        result_types,
+        list(block.arguments),
+        sdy.TensorShardingPerValueAttr.get(in_attrs),
+        sdy.TensorShardingPerValueAttr.get(out_attrs),
+        sdy.ManualAxesAttr.get([ir.StringAttr.get(n) for n in mesh.axis_names]),
+      )
       body = manual.regions[0].blocks.append(*local_in)
       with ir.InsertionPoint(body):
-        call = func.CallOp(local_out, ir.FlatSymbolRefAttr.get(PER_DEVICE_MAIN),
-                           list(body.arguments))
+        call = func.CallOp(
+          local_out, ir.FlatSymbolRefAttr.get(PER_DEVICE_MAIN), list(body.arguments)
+        )
         sdy.ReturnOp(list(call.results))
       func.ReturnOp(list(manual.results))
   verify(module, "rebuilt partitioned program")

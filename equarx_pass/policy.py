@@ -39,36 +39,37 @@ DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 @dataclasses.dataclass(frozen=True)
 class Policy:
   """What the pass selects and what it emits.  Nothing is rewritten unless `enable`."""
+
   enable: bool = False
-  min_bytes: int = 65536        # skip all-reduces smaller than this (total operand bytes)
-  max_bytes: int = 0            # skip larger ones; 0 = no upper bound
+  min_bytes: int = 65536  # skip all-reduces smaller than this (total operand bytes)
+  max_bytes: int = 0  # skip larger ones; 0 = no upper bound
   dtypes: tuple[str, ...] = DTYPES
-  block_size: int = 1024        # values per f32 scale
+  block_size: int = 1024  # values per f32 scale
   format: str = "int8"
   # Default: the scheme that meets the accuracy targets (README, "Schemes"):
   # two quantizations per value instead of N, and outliers spread by the rotation.
   algorithm: str = "two_shot"
   rotation: str = "hadamard"
-  rotation_size: int = 0        # Hadamard block, a power of two (0: see Scheme)
-  microshards: int = 1          # independent permutes per ring step
+  rotation_size: int = 0  # Hadamard block, a power of two (0: see Scheme)
+  microshards: int = 1  # independent permutes per ring step
   # Ring schemes: sites with at least this many operand bytes get their reduce-scatter
   # steps written out.  A loop copies all N chunks on every call (about a third of the
   # int8 ring's run time for 32 MiB of bf16 on XLA:CPU); written out, the module grows by
   # N - 2 steps per site, which costs compile time (BUILD_NOTES, "Performance decisions").
   unroll_min_bytes: int = 4 << 20
-  block_layout: str = "fixed"   # "grid": the paper's 8 x 128 scales per chunk
-  report: bool = False          # print the site table after each rewrite
-  compile_for: str = ""         # e.g. "tpu:v5e:2x2": also compile for that topology
-  partitioned: str = "auto"     # equarx_pass.jit: rewrite the partitioned program (auto|on|off)
-  outline: str = "auto"         # each site a function called out of line (auto|on|off)
-  calibration: str = ""         # a calibration file (equarx_pass.calibrate): its sites use
-                                # static int4 scales with bf16 outlier features
+  block_layout: str = "fixed"  # "grid": the paper's 8 x 128 scales per chunk
+  report: bool = False  # print the site table after each rewrite
+  compile_for: str = ""  # e.g. "tpu:v5e:2x2": also compile for that topology
+  partitioned: str = "auto"  # equarx_pass.jit: rewrite the partitioned program (auto|on|off)
+  outline: str = "auto"  # each site a function called out of line (auto|on|off)
+  calibration: str = ""  # a calibration file (equarx_pass.calibrate): its sites use
+  # static int4 scales with bf16 outlier features
   calibration_clip: float = 0.0  # > 0: static range = min(range, this x rms) per feature
   # A check of the route, not a speed-up: every selected site is rebuilt (outlined,
   # the partitioned program rebuilt around it) but stays the native all-reduce, so the
   # result must equal plain jax.jit's bit for bit.
   identity: bool = False
-  platform: str = "auto"        # whose emitted forms: auto|cpu|tpu|gpu (PLATFORMS)
+  platform: str = "auto"  # whose emitted forms: auto|cpu|tpu|gpu (PLATFORMS)
 
   def __post_init__(self):
     if self.min_bytes < 0:
@@ -81,14 +82,18 @@ class Policy:
       raise FlagError(f"--equarx_block_size must be in [1, 1048576], got {self.block_size}")
     bad = [d for d in self.dtypes if d not in DTYPES]
     if bad or not self.dtypes:
-      raise FlagError(f"--equarx_dtypes takes a comma list of {','.join(DTYPES)}, got {self.dtypes}")
-    for flag, value, choices in (("format", self.format, FORMATS),
-                                 ("algorithm", self.algorithm, ALGORITHMS),
-                                 ("rotation", self.rotation, ROTATIONS),
-                                 ("block_layout", self.block_layout, BLOCK_LAYOUTS),
-                                 ("partitioned", self.partitioned, PARTITIONED_MODES),
-                                 ("outline", self.outline, OUTLINE_MODES),
-                                 ("platform", self.platform, PLATFORMS)):
+      raise FlagError(
+        f"--equarx_dtypes takes a comma list of {','.join(DTYPES)}, got {self.dtypes}"
+      )
+    for flag, value, choices in (
+      ("format", self.format, FORMATS),
+      ("algorithm", self.algorithm, ALGORITHMS),
+      ("rotation", self.rotation, ROTATIONS),
+      ("block_layout", self.block_layout, BLOCK_LAYOUTS),
+      ("partitioned", self.partitioned, PARTITIONED_MODES),
+      ("outline", self.outline, OUTLINE_MODES),
+      ("platform", self.platform, PLATFORMS),
+    ):
       if value not in choices:
         raise FlagError(f"--equarx_{flag} must be one of {','.join(choices)}, got {value!r}")
     try:
@@ -98,15 +103,24 @@ class Policy:
     if self.compile_for:
       parse_compile_target(self.compile_for)
     if not (self.calibration_clip == 0 or 1 <= self.calibration_clip <= 100):
-      raise FlagError(f"--equarx_calibration_clip must be 0 (off) or in [1, 100], "
-                      f"got {self.calibration_clip}")
+      raise FlagError(
+        f"--equarx_calibration_clip must be 0 (off) or in [1, 100], got {self.calibration_clip}"
+      )
 
   @property
   def scheme(self):
     """The quantized all-reduce this policy emits (scheme.Scheme)."""
     from equarx_pass.scheme import Scheme
-    return Scheme(self.algorithm, self.format, self.block_size, self.block_layout,
-                  self.rotation, self.rotation_size, self.microshards)
+
+    return Scheme(
+      self.algorithm,
+      self.format,
+      self.block_size,
+      self.block_layout,
+      self.rotation,
+      self.rotation_size,
+      self.microshards,
+    )
 
   def outlines(self, platform: str | None) -> bool:
     """Whether rewritten sites become out-of-line calls in a program that will be
@@ -159,6 +173,7 @@ def parse_compile_target(spec: str) -> tuple[str, str]:
 
 # --- flag declarations -------------------------------------------------------
 
+
 def _parse_bool(name: str, text: str | None) -> bool:
   if text is None:
     return True
@@ -202,8 +217,8 @@ def _parse_str(name: str, text: str | None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Flag:
-  name: str                                   # without the leading --
-  field: str                                  # Policy field it sets
+  name: str  # without the leading --
+  field: str  # Policy field it sets
   parse: Callable[[str, str | None], Any]
   help: str
 
@@ -216,45 +231,97 @@ class Flag:
     return f"--{self.name}={shlex.quote(str(value))}"
 
 
-FLAGS = {f.name: f for f in [
+FLAGS = {
+  f.name: f
+  for f in [
     Flag("equarx_enable", "enable", _parse_bool, "rewrite matching all-reduces (default off)"),
     Flag("equarx_min_bytes", "min_bytes", _parse_int, "skip all-reduces with fewer operand bytes"),
-    Flag("equarx_max_bytes", "max_bytes", _parse_int, "skip all-reduces with more operand bytes (0: no bound)"),
-    Flag("equarx_dtypes", "dtypes", _parse_dtypes, "element types to rewrite, comma list of bf16,f16,f32"),
+    Flag(
+      "equarx_max_bytes",
+      "max_bytes",
+      _parse_int,
+      "skip all-reduces with more operand bytes (0: no bound)",
+    ),
+    Flag(
+      "equarx_dtypes",
+      "dtypes",
+      _parse_dtypes,
+      "element types to rewrite, comma list of bf16,f16,f32",
+    ),
     Flag("equarx_block_size", "block_size", _parse_int, "values per f32 scale"),
     Flag("equarx_format", "format", _parse_str, "wire format: " + ",".join(FORMATS)),
     Flag("equarx_algorithm", "algorithm", _parse_str, "collective: " + ",".join(ALGORITHMS)),
     Flag("equarx_rotation", "rotation", _parse_str, "rotation before quantizing: none,hadamard"),
-    Flag("equarx_rotation_size", "rotation_size", _parse_int, "Hadamard block, a power of two dividing the block size (default: the largest such, <= 4096)"),
+    Flag(
+      "equarx_rotation_size",
+      "rotation_size",
+      _parse_int,
+      "Hadamard block, a power of two dividing the block size (default: the largest such, <= 4096)",
+    ),
     Flag("equarx_microshards", "microshards", _parse_int, "independent permutes per ring step"),
-    Flag("equarx_unroll_min_bytes", "unroll_min_bytes", _parse_int,
-         "ring schemes: write out the reduce-scatter loop of all-reduces with at least this "
-         "many operand bytes (faster: no copy of the operand into the loop; larger module)"),
-    Flag("equarx_block_layout", "block_layout", _parse_str,
-         "fixed (--equarx_block_size values per scale) or grid (8x128 scales per chunk)"),
+    Flag(
+      "equarx_unroll_min_bytes",
+      "unroll_min_bytes",
+      _parse_int,
+      "ring schemes: write out the reduce-scatter loop of all-reduces with at least this "
+      "many operand bytes (faster: no copy of the operand into the loop; larger module)",
+    ),
+    Flag(
+      "equarx_block_layout",
+      "block_layout",
+      _parse_str,
+      "fixed (--equarx_block_size values per scale) or grid (8x128 scales per chunk)",
+    ),
     Flag("equarx_report", "report", _parse_bool, "print the site table after each rewrite"),
-    Flag("equarx_compile_for", "compile_for", _parse_str, "also compile for tpu:TOPOLOGY ahead of time"),
-    Flag("equarx_partitioned", "partitioned", _parse_str,
-         "equarx_pass.jit: rewrite the all-reduces the SPMD partitioner inserts: "
-         "auto (when the lowered program has none), on, off"),
-    Flag("equarx_outline", "outline", _parse_str,
-         "emit each rewritten all-reduce as a private function called out of line (a nested "
-         "computation for XLA, which compiles large programs faster on XLA:CPU): auto (when "
-         "equarx_pass.jit compiles for CPU), on, off"),
-    Flag("equarx_calibration", "calibration", _parse_str,
-         "calibration file of equarx_pass.calibrate: its sites get static int4 scales and "
-         "bf16 outlier features; the others the dynamic scheme"),
-    Flag("equarx_calibration_clip", "calibration_clip", _parse_float,
-         "with --equarx_calibration: clip each feature's static range at this many times its "
-         "calibrated rms (2.55: MSE-optimal for Gaussian data at 4 bits; 0: off, the absmax)"),
-    Flag("equarx_platform", "platform", _parse_str,
-         "emit the forms that run best on this platform: auto (where equarx_pass.jit "
-         "compiles; for equarx-opt tpu with --equarx_compile_for=tpu:..., else cpu), cpu "
-         "(flat), tpu or gpu (tiled two-shot)"),
-    Flag("equarx_identity", "identity", _parse_bool,
-         "a faithfulness check: take every route as usual but keep each selected all-reduce "
-         "exact (the native op), so results must equal plain jax.jit bit for bit"),
-]}
+    Flag(
+      "equarx_compile_for", "compile_for", _parse_str, "also compile for tpu:TOPOLOGY ahead of time"
+    ),
+    Flag(
+      "equarx_partitioned",
+      "partitioned",
+      _parse_str,
+      "equarx_pass.jit: rewrite the all-reduces the SPMD partitioner inserts: "
+      "auto (when the lowered program has none), on, off",
+    ),
+    Flag(
+      "equarx_outline",
+      "outline",
+      _parse_str,
+      "emit each rewritten all-reduce as a private function called out of line (a nested "
+      "computation for XLA, which compiles large programs faster on XLA:CPU): auto (when "
+      "equarx_pass.jit compiles for CPU), on, off",
+    ),
+    Flag(
+      "equarx_calibration",
+      "calibration",
+      _parse_str,
+      "calibration file of equarx_pass.calibrate: its sites get static int4 scales and "
+      "bf16 outlier features; the others the dynamic scheme",
+    ),
+    Flag(
+      "equarx_calibration_clip",
+      "calibration_clip",
+      _parse_float,
+      "with --equarx_calibration: clip each feature's static range at this many times its "
+      "calibrated rms (2.55: MSE-optimal for Gaussian data at 4 bits; 0: off, the absmax)",
+    ),
+    Flag(
+      "equarx_platform",
+      "platform",
+      _parse_str,
+      "emit the forms that run best on this platform: auto (where equarx_pass.jit "
+      "compiles; for equarx-opt tpu with --equarx_compile_for=tpu:..., else cpu), cpu "
+      "(flat), tpu or gpu (tiled two-shot)",
+    ),
+    Flag(
+      "equarx_identity",
+      "identity",
+      _parse_bool,
+      "a faithfulness check: take every route as usual but keep each selected all-reduce "
+      "exact (the native op), so results must equal plain jax.jit bit for bit",
+    ),
+  ]
+}
 
 
 def apply_flags(policy: Policy, flags: str) -> Policy:

@@ -54,10 +54,11 @@ def inverse(qmax) -> np.float32:
 @dataclasses.dataclass(frozen=True)
 class Format:
   """A wire format: codes of `bits` bits, one f32 scale per block riding with them."""
+
   name: str
-  bits: int                   # 8, or 4 (two codes per byte)
-  qmax: float                 # largest code magnitude
-  fp8: str | None = None      # ml_dtypes name for fp8 formats; None for integers
+  bits: int  # 8, or 4 (two codes per byte)
+  qmax: float  # largest code magnitude
+  fp8: str | None = None  # ml_dtypes name for fp8 formats; None for integers
   scale_bytes: int = 4
 
   def code_bytes(self, num_values: int) -> int:
@@ -69,6 +70,7 @@ class Format:
   @property
   def numpy_fp8(self):
     import ml_dtypes
+
     return getattr(ml_dtypes, self.fp8)
 
 
@@ -149,8 +151,8 @@ def unpack_int4(codes: np.ndarray, group: int) -> np.ndarray:
   """pack_int4's inverse: bytes [..., S/2] -> int8 [..., S], each nibble sign-extended."""
   codes = np.asarray(codes, np.int8)
   halves = codes.reshape(codes.shape[:-1] + (codes.shape[-1] * 2 // group, 1, group // 2))
-  low = (halves.astype(np.int32) << 28) >> 28          # sign-extend the low nibble
-  high = halves.astype(np.int32) >> 4                   # arithmetic shift: the high one
+  low = (halves.astype(np.int32) << 28) >> 28  # sign-extend the low nibble
+  high = halves.astype(np.int32) >> 4  # arithmetic shift: the high one
   both = np.concatenate([low, high], axis=-2)
   return both.astype(np.int8).reshape(codes.shape[:-1] + (codes.shape[-1] * 2,))
 
@@ -187,8 +189,7 @@ def codes_to_f32(codes: np.ndarray, fmt: Format, block_size: int) -> np.ndarray:
   return codes.astype(np.float32)
 
 
-def dequantize(q: np.ndarray, scale: np.ndarray, block_size: int,
-               fmt: Format = INT8) -> np.ndarray:
+def dequantize(q: np.ndarray, scale: np.ndarray, block_size: int, fmt: Format = INT8) -> np.ndarray:
   """Dq: f32(q) * scale, block-wise; returns f32 with one value per code value."""
   values = codes_to_f32(q, fmt, block_size)
   blocks = values.reshape(scale.shape + (block_size,))

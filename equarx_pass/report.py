@@ -28,22 +28,44 @@ def _fit(location: str, width: int) -> str:
     return location
   where, _, name = location.partition(" ")
   if not name or len(where) > width // 2:
-    return "..." + location[-(width - 3):]
-  return f"{where} ...{name[-(width - len(where) - 4):]}"
+    return "..." + location[-(width - 3) :]
+  return f"{where} ...{name[-(width - len(where) - 4) :]}"
 
 
 def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
   """A fixed-width table of the records, with totals."""
-  header = ("#", "location", "shape", "dtype", "group", "decision", "wire before", "wire after",
-            "ratio", "why")
+  header = (
+    "#",
+    "location",
+    "shape",
+    "dtype",
+    "group",
+    "decision",
+    "wire before",
+    "wire after",
+    "ratio",
+    "why",
+  )
   rows = []
   for r in records:
     ratio = f"{r.bytes_before / r.bytes_after:.2f}x" if r.rewritten and r.bytes_after else "-"
-    rows.append((str(r.index), _fit(r.location, LOCATION_WIDTH), _shape(r.shapes), ",".join(sorted(set(r.dtypes))),
-                 f"{r.group_size}x{r.num_groups}", r.decision, _bytes(r.bytes_before),
-                 _bytes(r.bytes_after), ratio, r.reason))
-  widths = [max(len(h), *(len(row[i]) for row in rows)) if rows else len(h)
-            for i, h in enumerate(header)]
+    rows.append(
+      (
+        str(r.index),
+        _fit(r.location, LOCATION_WIDTH),
+        _shape(r.shapes),
+        ",".join(sorted(set(r.dtypes))),
+        f"{r.group_size}x{r.num_groups}",
+        r.decision,
+        _bytes(r.bytes_before),
+        _bytes(r.bytes_after),
+        ratio,
+        r.reason,
+      )
+    )
+  widths = [
+    max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)
+  ]
   lines = [title] if title else []
   fmt = "  ".join("{:<%d}" % w for w in widths)
   lines.append(fmt.format(*header).rstrip())
@@ -54,8 +76,8 @@ def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
   after = sum(r.bytes_after for r in done)
   summary = f"{len(done)} of {len(records)} all-reduce sites rewritten"
   if done:
-    summary += (f"; wire bytes per rank {_bytes(before)} -> {_bytes(after)} "
-                f"({before / after:.2f}x less)")
+    summary += (
+      f"; wire bytes per rank {_bytes(before)} -> {_bytes(after)} ({before / after:.2f}x less)"
+    )
   lines.append(summary)
   return "\n".join(lines)
-

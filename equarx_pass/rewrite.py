@@ -28,16 +28,17 @@ from equarx_pass.policy import DTYPE_BYTES, Policy
 @dataclasses.dataclass(frozen=True)
 class SiteRecord:
   """What happened to one all-reduce; the report and the CLI print these."""
+
   index: int
   location: str
   shapes: tuple[tuple[int, ...], ...]
   dtypes: tuple[str, ...]
   group_size: int
   num_groups: int
-  decision: str           # "rewritten" or "skipped"
-  reason: str             # why skipped, or the scheme used
-  bytes_before: int       # bytes one rank sends: ring all-reduce in the original dtype
-  bytes_after: int        # bytes one rank sends after the rewrite (= before when skipped)
+  decision: str  # "rewritten" or "skipped"
+  reason: str  # why skipped, or the scheme used
+  bytes_before: int  # bytes one rank sends: ring all-reduce in the original dtype
+  bytes_after: int  # bytes one rank sends after the rewrite (= before when skipped)
 
   @property
   def rewritten(self) -> bool:
@@ -82,16 +83,26 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     reason += _promotion_note(decision.op)
   else:
     after, verdict, reason = before, "skipped", decision.reason
-  return SiteRecord(site.index, site.location, tuple(o.shape for o in site.operands),
-                    tuple(o.dtype for o in site.operands), site.group_size,
-                    len(site.groups or ()), verdict, reason, before, after)
+  return SiteRecord(
+    site.index,
+    site.location,
+    tuple(o.shape for o in site.operands),
+    tuple(o.dtype for o in site.operands),
+    site.group_size,
+    len(site.groups or ()),
+    verdict,
+    reason,
+    before,
+    after,
+  )
 
 
 def _promotion_note(op: ir.Operation) -> str:
   """'; bf16 summed as f32' for an all-reduce whose result type is wider."""
-  pairs = {(str(ir.RankedTensorType(a.type).element_type),
-            str(ir.RankedTensorType(r.type).element_type))
-           for a, r in zip(op.operands, op.results)}
+  pairs = {
+    (str(ir.RankedTensorType(a.type).element_type), str(ir.RankedTensorType(r.type).element_type))
+    for a, r in zip(op.operands, op.results)
+  }
   promoted = sorted(f"{a} summed as {r}" for a, r in pairs if a != r)
   return f"; {', '.join(promoted)}" if promoted else ""
 
@@ -114,8 +125,7 @@ def copy_module(module: ir.Module) -> ir.Module:
   return ir.Module.parse(buffer.getvalue(), context=module.context)
 
 
-def rewrite_module(module: ir.Module, policy: Policy,
-                   platform: str | None = None) -> RewriteResult:
+def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = None) -> RewriteResult:
   """Rewrite the all-reduces of a copy of `module` that `policy` selects.
 
   platform: the JAX platform the result will be compiled for ("cpu", "gpu", "tpu"),
@@ -141,8 +151,13 @@ def rewrite_module(module: ir.Module, policy: Policy,
         if policy.identity:
           # Never outlined: a call boundary keeps the rounding of a bf16 operand that
           # XLA:CPU may skip inline (excess precision), and the native op needs no call.
-          _emit_in_place(cand, functools.partial(_emit_native, cand.op), "the native all-reduce",
-                         "rerun without --equarx_identity", None)
+          _emit_in_place(
+            cand,
+            functools.partial(_emit_native, cand.op),
+            "the native all-reduce",
+            "rerun without --equarx_identity",
+            None,
+          )
         elif cand.site.index in calibrated:
           _replace_calibrated(cand, channels, calibrated[cand.site.index], outline_into)
         else:
@@ -151,15 +166,29 @@ def rewrite_module(module: ir.Module, policy: Policy,
   return RewriteResult(out, records, time.perf_counter() - start)
 
 
-def _replace(cand: match.Candidate, channels: build.ChannelAllocator, policy: Policy,
-             outline_into: ir.Module | None, tiled_form: bool) -> None:
-  plan = build.RingPlan(cand.layout, cand.schedule, cand.site.device_kind,
-                        cand.site.num_devices, policy.scheme,
-                        unrolled=cand.site.nbytes >= policy.unroll_min_bytes)
+def _replace(
+  cand: match.Candidate,
+  channels: build.ChannelAllocator,
+  policy: Policy,
+  outline_into: ir.Module | None,
+  tiled_form: bool,
+) -> None:
+  plan = build.RingPlan(
+    cand.layout,
+    cand.schedule,
+    cand.site.device_kind,
+    cand.site.num_devices,
+    policy.scheme,
+    unrolled=cand.site.nbytes >= policy.unroll_min_bytes,
+  )
   emit = tiled.emit if tiled_form else build.emit_allreduce
-  _emit_in_place(cand, lambda operands: emit(operands, plan, channels),
-                 "the quantized ring", "rerun without --equarx_enable or exclude it with "
-                 "--equarx_max_bytes/--equarx_dtypes", outline_into)
+  _emit_in_place(
+    cand,
+    lambda operands: emit(operands, plan, channels),
+    "the quantized ring",
+    "rerun without --equarx_enable or exclude it with --equarx_max_bytes/--equarx_dtypes",
+    outline_into,
+  )
 
 
 def _emit_native(op: ir.Operation, operands: list[ir.Value]) -> list[ir.Value]:
@@ -170,8 +199,9 @@ def _emit_native(op: ir.Operation, operands: list[ir.Value]) -> list[ir.Value]:
   return list(new.results)
 
 
-def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str,
-                   outline_into: ir.Module | None) -> None:
+def _emit_in_place(
+  cand: match.Candidate, emit, what: str, advice: str, outline_into: ir.Module | None
+) -> None:
   """Emit the replacement at the all-reduce (or, given a module to outline into, in a
   function of it that the all-reduce's place calls), rewire its uses, erase it.
 
@@ -183,26 +213,28 @@ def _emit_in_place(cand: match.Candidate, emit, what: str, advice: str,
   pair = match.async_pair(op)
   if pair is not None:
     start, done = pair
-    at, operands, old_results, erase = done, list(start.operands), list(done.results), \
-        [done, start]
+    at, operands, old_results, erase = done, list(start.operands), list(done.results), [done, start]
   else:
     at, operands, old_results, erase = op, list(op.operands), list(op.results), [op]
   result_types = [v.type for v in op.results]
 
   def emit_promoted(values):
     return emit([_promote(v, t) for v, t in zip(values, result_types)])
+
   try:
     with op.location, ir.InsertionPoint(at):
       if outline_into is not None:
-        new_values = _emit_outlined(operands, result_types, outline_into,
-                                    f"equarx_allreduce_{cand.site.index}", emit_promoted)
+        new_values = _emit_outlined(
+          operands, result_types, outline_into, f"equarx_allreduce_{cand.site.index}", emit_promoted
+        )
       else:
         new_values = emit_promoted(operands)
   except Exception as e:
     raise InternalError(
-        f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit {what} "
-        f"({type(e).__name__}: {_first_line(e)}); this is a bug in equarx-pass, please "
-        f"report it; to go on, {advice}") from e
+      f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit {what} "
+      f"({type(e).__name__}: {_first_line(e)}); this is a bug in equarx-pass, please "
+      f"report it; to go on, {advice}"
+    ) from e
   for old, new in zip(old_results, new_values):
     old.replace_all_uses_with(new)
   for dead in erase:
@@ -223,8 +255,9 @@ def _first_line(e: BaseException) -> str:
   return text.splitlines()[0] if text else ""
 
 
-def _emit_outlined(operands: list[ir.Value], result_types: list[ir.Type], module: ir.Module,
-                   name: str, emit) -> list[ir.Value]:
+def _emit_outlined(
+  operands: list[ir.Value], result_types: list[ir.Type], module: ir.Module, name: str, emit
+) -> list[ir.Value]:
   """Emit the replacement into a new private function at the end of the module, and call
   it out of line at the insertion point.
 
@@ -247,7 +280,8 @@ def _emit_outlined(operands: list[ir.Value], result_types: list[ir.Type], module
   # The frontend attribute that XLA's CallInliner honours: a call carrying it stays a
   # call, so its callee stays a computation of its own.
   call.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(
-      {"inlineable": ir.StringAttr.get("false")})
+    {"inlineable": ir.StringAttr.get("false")}
+  )
   return list(call.results)
 
 
@@ -261,8 +295,9 @@ def _fresh_symbol(module: ir.Module, base: str) -> str:
   return name
 
 
-def _calibrated_plans(candidates: list[match.Candidate], policy: Policy,
-                      records: list[SiteRecord]) -> dict[int, build.CalibratedPlan]:
+def _calibrated_plans(
+  candidates: list[match.Candidate], policy: Policy, records: list[SiteRecord]
+) -> dict[int, build.CalibratedPlan]:
   """With --equarx_calibration: the calibrated plan of every candidate found in the
   file (its record updated); the others keep the dynamic scheme, and their record
   says why they are not calibrated."""
@@ -272,22 +307,31 @@ def _calibrated_plans(candidates: list[match.Candidate], policy: Policy,
   plans = {}
   for cand in candidates:
     site = cand.site
-    i = site.index                   # records are in site order
+    i = site.index  # records are in site order
     if len(site.operands) != 1:
       why = "several operands in one all-reduce"
     else:
       operand = site.operands[0]
-      why = calibration.mismatch(calib.sites.get(site.index), site.index, site.location,
-                                 operand.shape, operand.dtype, site.groups)
+      why = calibration.mismatch(
+        calib.sites.get(site.index),
+        site.index,
+        site.location,
+        operand.shape,
+        operand.dtype,
+        site.groups,
+      )
     if why:
-      records[i] = dataclasses.replace(records[i], reason=f"{records[i].reason}; "
-                                       f"not calibrated: {why}")
+      records[i] = dataclasses.replace(
+        records[i], reason=f"{records[i].reason}; not calibrated: {why}"
+      )
       continue
     plan = _calibrated_plan(cand, calib.sites[site.index], policy.calibration_clip)
     plans[site.index] = plan
     lay = plan.layout
-    reason = (f"calibrated int4 two_shot, {len(lay.outliers)} of {lay.features} features "
-              f"in bf16, {lay.bits_per_value:.2f} bits/value")
+    reason = (
+      f"calibrated int4 two_shot, {len(lay.outliers)} of {lay.features} features "
+      f"in bf16, {lay.bits_per_value:.2f} bits/value"
+    )
     if policy.calibration_clip:
       reason += f", ranges clipped at {policy.calibration_clip:g} rms"
     after = lay.wire_bytes()
@@ -296,26 +340,45 @@ def _calibrated_plans(candidates: list[match.Candidate], policy: Policy,
   return plans
 
 
-def _calibrated_plan(cand: match.Candidate, entry: calibration.SiteCalibration,
-                     clip: float) -> build.CalibratedPlan:
+def _calibrated_plan(
+  cand: match.Candidate, entry: calibration.SiteCalibration, clip: float
+) -> build.CalibratedPlan:
   site = cand.site
   outliers = entry.outliers()
   layout = outlier.make_layout(site.operands[0].shape, site.group_size, outliers)
   normal = list(layout.normal)
   per_group = [entry.group_scales(group, outliers, clip) for group in site.groups]
-  in_scale, in_reciprocal = zip(*(
-      outlier.static_scales(np.asarray(g.in_ranges, np.float32)[:, normal]) for g in per_group))
-  out_scale, out_reciprocal = zip(*(
-      outlier.static_scales(np.asarray(g.out_ranges, np.float32)[normal]) for g in per_group))
-  return build.CalibratedPlan(layout, cand.schedule, site.device_kind, site.num_devices,
-                              np.stack(in_scale), np.stack(in_reciprocal),
-                              np.stack(out_scale), np.stack(out_reciprocal))
+  in_scale, in_reciprocal = zip(
+    *(outlier.static_scales(np.asarray(g.in_ranges, np.float32)[:, normal]) for g in per_group)
+  )
+  out_scale, out_reciprocal = zip(
+    *(outlier.static_scales(np.asarray(g.out_ranges, np.float32)[normal]) for g in per_group)
+  )
+  return build.CalibratedPlan(
+    layout,
+    cand.schedule,
+    site.device_kind,
+    site.num_devices,
+    np.stack(in_scale),
+    np.stack(in_reciprocal),
+    np.stack(out_scale),
+    np.stack(out_reciprocal),
+  )
 
 
-def _replace_calibrated(cand: match.Candidate, channels: build.ChannelAllocator,
-                        plan: build.CalibratedPlan, outline_into: ir.Module | None) -> None:
-  _emit_in_place(cand, lambda operands: build.emit_calibrated_allreduce(operands, plan, channels),
-                 "the calibrated scheme", "rerun without --equarx_calibration", outline_into)
+def _replace_calibrated(
+  cand: match.Candidate,
+  channels: build.ChannelAllocator,
+  plan: build.CalibratedPlan,
+  outline_into: ir.Module | None,
+) -> None:
+  _emit_in_place(
+    cand,
+    lambda operands: build.emit_calibrated_allreduce(operands, plan, channels),
+    "the calibrated scheme",
+    "rerun without --equarx_calibration",
+    outline_into,
+  )
 
 
 def verify(module: ir.Module, what: str = "rewritten module") -> None:
@@ -327,10 +390,12 @@ def verify(module: ir.Module, what: str = "rewritten module") -> None:
     diag = e.error_diagnostics[0] if e.error_diagnostics else None
     where = f" at {_short_location(diag.location)}" if diag is not None else ""
     message = _first_line(diag.message if diag is not None else e.message or str(e))
-    raise VerifyError(f"internal error: the {what} failed verification{where}: {message}; "
-                      "this is a bug in equarx-pass, please report it; to go on, exclude "
-                      "that all-reduce (--equarx_max_bytes, --equarx_dtypes) or rerun "
-                      "without --equarx_enable") from None
+    raise VerifyError(
+      f"internal error: the {what} failed verification{where}: {message}; "
+      "this is a bug in equarx-pass, please report it; to go on, exclude "
+      "that all-reduce (--equarx_max_bytes, --equarx_dtypes) or rerun "
+      "without --equarx_enable"
+    ) from None
   if not ok:
     raise VerifyError(f"internal error: the {what} failed verification")
 

@@ -32,10 +32,11 @@ from equarx_pass import quantize as qz
 @dataclasses.dataclass(frozen=True)
 class ChunkLayout:
   """How L values split into N chunks of `chunk` values, `blocks` blocks of `block`."""
-  num_values: int      # L, before padding
-  group_size: int      # N
-  chunk: int           # C, values per chunk, a multiple of `block`
-  block: int           # B, values per scale
+
+  num_values: int  # L, before padding
+  group_size: int  # N
+  chunk: int  # C, values per chunk, a multiple of `block`
+  block: int  # B, values per scale
 
   @property
   def blocks(self) -> int:
@@ -46,11 +47,17 @@ class ChunkLayout:
     return self.group_size * self.chunk
 
 
-GRID_SCALES = 8 * 128   # the paper's layout: one TPU vector register of scales per chunk
+GRID_SCALES = 8 * 128  # the paper's layout: one TPU vector register of scales per chunk
 
 
-def chunk_layout(num_values: int, group_size: int, block_size: int, lanes: int = 1,
-                 rotation_size: int = 0, grid: bool = False) -> ChunkLayout:
+def chunk_layout(
+  num_values: int,
+  group_size: int,
+  block_size: int,
+  lanes: int = 1,
+  rotation_size: int = 0,
+  grid: bool = False,
+) -> ChunkLayout:
   """Chunks of ceil(L/N) values rounded up to what the scheme needs.
 
   Fixed blocks: a chunk is a whole number of blocks, split evenly into `lanes`
@@ -73,8 +80,10 @@ def chunk_layout(num_values: int, group_size: int, block_size: int, lanes: int =
     chunk = -(-per_rank // unit) * unit
     return ChunkLayout(num_values, group_size, chunk, chunk // GRID_SCALES)
   if rotation_size and block_size % rotation_size:
-    raise ValueError(f"the rotation size ({rotation_size}) must divide the block size "
-                     f"({block_size}): a rotation block must share one scale")
+    raise ValueError(
+      f"the rotation size ({rotation_size}) must divide the block size "
+      f"({block_size}): a rotation block must share one scale"
+    )
   unit = block_size * lanes
   if unit == block_size and not rotation_size and per_rank <= block_size:
     block = min(-(-per_rank // 4) * 4, block_size)
@@ -86,6 +95,7 @@ def chunk_layout(num_values: int, group_size: int, block_size: int, lanes: int =
 @dataclasses.dataclass(frozen=True)
 class RingSchedule:
   """Who sends to whom: `groups[g][r]` is the device id of rank r in group g."""
+
   groups: tuple[tuple[int, ...], ...]
 
   @property
@@ -134,16 +144,18 @@ def make_schedule(groups: Sequence[Sequence[int]]) -> RingSchedule:
 @dataclasses.dataclass(frozen=True)
 class WireBytes:
   """Bytes one rank sends for one all-reduce."""
-  before: int   # an unquantized ring all-reduce in the original dtype
-  after: int    # the quantized ring
+
+  before: int  # an unquantized ring all-reduce in the original dtype
+  after: int  # the quantized ring
 
   @property
   def ratio(self) -> float:
     return self.before / self.after if self.after else float("inf")
 
 
-def ring_wire_bytes(layout: ChunkLayout, itemsize_before: float,
-                    fmt: qz.Format = qz.INT8) -> WireBytes:
+def ring_wire_bytes(
+  layout: ChunkLayout, itemsize_before: float, fmt: qz.Format = qz.INT8
+) -> WireBytes:
   """2(N-1) chunk transfers per rank, in both schemes (two-shot sends the same)."""
   steps = 2 * (layout.group_size - 1)
   unpadded_chunk = -(-layout.num_values // layout.group_size)
@@ -155,12 +167,11 @@ def ring_wire_bytes(layout: ChunkLayout, itemsize_before: float,
 def pad_chunks(x: np.ndarray, layout: ChunkLayout) -> np.ndarray:
   """A rank's operand as f32 [N, C]: flattened, zero-padded, one row per chunk."""
   flat = np.zeros(layout.padded, np.float32)
-  flat[:layout.num_values] = np.asarray(x, np.float32).reshape(-1)
+  flat[: layout.num_values] = np.asarray(x, np.float32).reshape(-1)
   return flat.reshape(layout.group_size, layout.chunk)
 
 
-def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8
-                ) -> list[np.ndarray]:
+def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8) -> list[np.ndarray]:
   """The quantized ring on chunk matrices: x[r] is rank r's f32 [N, s] (ranks in
   ring order: r sends to r + 1).  Returns what every rank holds at the end: the
   codes [N, code bytes] and scales [N, blocks] of all N reduced chunks."""
@@ -188,12 +199,14 @@ def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8
     for r in range(n):
       gathered[r][sched.all_gather_chunk(r, step)] = cur[r]
   # Every rank holds every chunk's quantized bytes, its own included.
-  return [(np.stack([q for q, _ in gathered[r]]), np.stack([s for _, s in gathered[r]]))
-          for r in range(n)]
+  return [
+    (np.stack([q for q, _ in gathered[r]]), np.stack([s for _, s in gathered[r]])) for r in range(n)
+  ]
 
 
-def reference_allreduce(inputs: Sequence[np.ndarray], block_size: int,
-                        out_dtype=None) -> list[np.ndarray]:
+def reference_allreduce(
+  inputs: Sequence[np.ndarray], block_size: int, out_dtype=None
+) -> list[np.ndarray]:
   """Per-rank results of the int8 ring over one group, ranks in ring order.
 
   inputs[r] is rank r's operand (any shape, all equal); the result of rank r has
@@ -209,7 +222,7 @@ def reference_allreduce(inputs: Sequence[np.ndarray], block_size: int,
 
 
 def unpad(chunks: np.ndarray, layout: ChunkLayout, shape, out_dtype) -> np.ndarray:
-  flat = np.asarray(chunks, np.float32).reshape(-1)[:layout.num_values]
+  flat = np.asarray(chunks, np.float32).reshape(-1)[: layout.num_values]
   with np.errstate(over="ignore", invalid="ignore"):
     return flat.astype(out_dtype).reshape(shape)
 

@@ -80,8 +80,9 @@ def hadamard(x: np.ndarray, size: int) -> np.ndarray:
   return butterflies(scaled.reshape(-1), size)
 
 
-def dequantize_rotated(codes: np.ndarray, scale: np.ndarray, block: int, fmt,
-                       size: int) -> np.ndarray:
+def dequantize_rotated(
+  codes: np.ndarray, scale: np.ndarray, block: int, fmt, size: int
+) -> np.ndarray:
   """Dq followed by the inverse rotation H, done as H(q * s) = (H q) * s.
 
   Each rotation block lies inside one quantization block (size divides block),
@@ -92,6 +93,7 @@ def dequantize_rotated(codes: np.ndarray, scale: np.ndarray, block: int, fmt,
   bits cannot depend on that choice.
   """
   from equarx_pass import quantize as qz
+
   code_values = qz.codes_to_f32(codes, fmt, block)
   # D H: the butterflies, then the signs (exact), then the scale.
   unsigned = butterflies(code_values, size).reshape(-1, size) * signs(size)

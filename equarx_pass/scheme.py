@@ -28,6 +28,7 @@ GRID_ROTATION_SIZE = 128
 class Lane:
   """A slice of every chunk, [offset, offset + size), that travels on its own
   permutes in one ring direction (+1: to rank r + 1; -1: to rank r - 1)."""
+
   direction: int
   offset: int
   size: int
@@ -38,9 +39,9 @@ class Scheme:
   algorithm: str = RING
   format: str = "int8"
   block_size: int = 1024
-  block_layout: str = "fixed"     # "grid": 8 x 128 scales per chunk (the paper's)
+  block_layout: str = "fixed"  # "grid": 8 x 128 scales per chunk (the paper's)
   rotation: str = rotation.NONE
-  rotation_size: int = 0          # 0: the default for the block layout (resolved_rotation_size)
+  rotation_size: int = 0  # 0: the default for the block layout (resolved_rotation_size)
   microshards: int = 1
 
   def __post_init__(self):
@@ -56,24 +57,29 @@ class Scheme:
       size = self.resolved_rotation_size
       rotation.check_size(size)
       if self.block_layout == "fixed" and self.block_size % size:
-        raise ValueError(f"the rotation size ({size}) must divide the block size "
-                         f"({self.block_size}): a rotation block must share one scale")
+        raise ValueError(
+          f"the rotation size ({size}) must divide the block size "
+          f"({self.block_size}): a rotation block must share one scale"
+        )
     if self.microshards < 1 or ring.GRID_SCALES % self.microshards:
       raise ValueError(f"microshards must divide {ring.GRID_SCALES}, got {self.microshards}")
     if self.microshards > 1 and self.algorithm == TWO_SHOT:
       raise ValueError("microshards apply to the ring algorithms, not two_shot")
     if self.format == "int4" and self.block_layout == "fixed" and self.block_size % 2:
-      raise ValueError(f"int4 packs two values per byte: the block size must be even, "
-                       f"got {self.block_size}")
+      raise ValueError(
+        f"int4 packs two values per byte: the block size must be even, got {self.block_size}"
+      )
     if self.block_layout == "grid":
       # A grid chunk is 1024 blocks of chunk / 1024 values, which may be odd: each lane
       # needs whole blocks, and for int4 an even number of values, so two blocks or more.
       lanes = self.microshards * self.directions
       most = ring.GRID_SCALES // (2 if self.format == "int4" else 1)
       if lanes > most:
-        raise ValueError(f"the grid layout's {ring.GRID_SCALES} blocks per chunk allow at most "
-                         f"{most} lanes ({'two blocks' if most < ring.GRID_SCALES else 'one block'}"
-                         f" each) for {self.format}; microshards x directions = {lanes}")
+        raise ValueError(
+          f"the grid layout's {ring.GRID_SCALES} blocks per chunk allow at most "
+          f"{most} lanes ({'two blocks' if most < ring.GRID_SCALES else 'one block'}"
+          f" each) for {self.format}; microshards x directions = {lanes}"
+        )
 
   @property
   def resolved_rotation_size(self) -> int:
@@ -95,9 +101,14 @@ class Scheme:
 
   def layout(self, num_values: int, group_size: int) -> ring.ChunkLayout:
     rot = self.resolved_rotation_size if self.rotation != rotation.NONE else 0
-    return ring.chunk_layout(num_values, group_size, self.block_size,
-                             self.microshards * self.directions, rot,
-                             self.block_layout == "grid")
+    return ring.chunk_layout(
+      num_values,
+      group_size,
+      self.block_size,
+      self.microshards * self.directions,
+      rot,
+      self.block_layout == "grid",
+    )
 
   def lanes(self, layout: ring.ChunkLayout) -> list[Lane]:
     """Chunk slices in order: the first half clockwise, the second counter-clockwise."""
@@ -137,8 +148,9 @@ def reference(inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype=None) -> l
 
   def finish(codes, scales):
     if rotating:
-      return rotation.dequantize_rotated(codes, scales, layout.block, scheme.fmt,
-                                         scheme.resolved_rotation_size)
+      return rotation.dequantize_rotated(
+        codes, scales, layout.block, scheme.fmt, scheme.resolved_rotation_size
+      )
     return qz.dequantize(codes, scales, layout.block, scheme.fmt)
 
   if scheme.algorithm == TWO_SHOT:

@@ -71,20 +71,22 @@ def _lanes(block: int) -> int:
   return LANES if block % LANES == 0 else block
 
 
-def emit(operands: list[ir.Value], plan: build.RingPlan,
-         channels: build.ChannelAllocator) -> list[ir.Value]:
+def emit(
+  operands: list[ir.Value], plan: build.RingPlan, channels: build.ChannelAllocator
+) -> list[ir.Value]:
   """The tiled form of plan.scheme's algorithm."""
   emit_algorithm = emit_ring if plan.scheme.algorithm == scheme_lib.RING else emit_two_shot
   return emit_algorithm(operands, plan, channels)
 
 
-def emit_two_shot(operands: list[ir.Value], plan: build.RingPlan,
-                  channels: build.ChannelAllocator) -> list[ir.Value]:
+def emit_two_shot(
+  operands: list[ir.Value], plan: build.RingPlan, channels: build.ChannelAllocator
+) -> list[ir.Value]:
   """The tiled two-shot all-reduce of `plan` at the current insertion point; one value per
   operand, with the operand's type."""
   site = _Site(operands, plan, channels)
   codes, scales = _quantize(site.em, site.em.convert(site.chunks, site.em.f32), site.fmt)
-  codes, scales = site.coll.all_to_all(codes), site.coll.all_to_all(scales)   # j: from rank j
+  codes, scales = site.coll.all_to_all(codes), site.coll.all_to_all(scales)  # j: from rank j
   acc = None
   for j in range(site.n):
     term = _dequantize(site.em, _row(site.em, codes, j), _row(site.em, scales, j), site.fmt)
@@ -93,8 +95,9 @@ def emit_two_shot(operands: list[ir.Value], plan: build.RingPlan,
   return site.finish(site.coll.all_gather(codes), site.coll.all_gather(scales))
 
 
-def emit_ring(operands: list[ir.Value], plan: build.RingPlan,
-              channels: build.ChannelAllocator) -> list[ir.Value]:
+def emit_ring(
+  operands: list[ir.Value], plan: build.RingPlan, channels: build.ChannelAllocator
+) -> list[ir.Value]:
   """The tiled ring all-reduce (ring.py's schedule): N-1 reduce-scatter steps written out,
   each quantize -> permute codes and scales -> dequantize + this rank's chunk; the owned
   chunk quantized once; then one all_gather of the quantized chunks (the bytes the ring's
@@ -116,14 +119,20 @@ def emit_ring(operands: list[ir.Value], plan: build.RingPlan,
     codes, scales = site.coll.permute(codes, 1), site.coll.permute(scales, 1)
     index = em.mod(em.add_i32(rank, -step - 1), n)
     partial = _add(_dequantize(em, codes, scales, site.fmt), local(index))
-  codes, scales = _quantize(em, partial, site.fmt)   # rank r owns chunk (r + 1) mod N
+  codes, scales = _quantize(em, partial, site.fmt)  # rank r owns chunk (r + 1) mod N
   codes, scales = site.coll.all_gather(codes), site.coll.all_gather(scales)
   # Row block j came from rank j, which owns chunk (j + 1) mod N: chunk 0 is the last.
   r = site.tile[0]
-  codes = em.concat([em.slice(codes, (r * (n - 1), 0, 0), _shape(codes)),
-                     em.slice(codes, (0, 0, 0), (r * (n - 1), *_shape(codes)[1:]))], 0)
-  scales = em.concat([em.slice(scales, (r * (n - 1),), _shape(scales)),
-                      em.slice(scales, (0,), (r * (n - 1),))], 0)
+  codes = em.concat(
+    [
+      em.slice(codes, (r * (n - 1), 0, 0), _shape(codes)),
+      em.slice(codes, (0, 0, 0), (r * (n - 1), *_shape(codes)[1:])),
+    ],
+    0,
+  )
+  scales = em.concat(
+    [em.slice(scales, (r * (n - 1),), _shape(scales)), em.slice(scales, (0,), (r * (n - 1),))], 0
+  )
   return site.finish(codes, scales)
 
 
@@ -138,15 +147,16 @@ class _Site:
     self.fmt = scheme.fmt
     self.n, c, block = layout.group_size, layout.chunk, layout.block
     w = _lanes(block)
-    self.tile = (c // block, block // w, w)           # one chunk: R blocks of S x W
+    self.tile = (c // block, block // w, w)  # one chunk: R blocks of S x W
     self.types = [ir.RankedTensorType(v.type) for v in operands]
     self.sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in self.types]
     self.size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
     # 16-bit floats stay 16-bit until a step reads them (exact), and enter the rotation's
     # matmul as they are: their products with +-1 are exact and the sums f32.
     entry = build.narrow_float(self.types) or em.f32
-    x = em.concat([em.reshape(em.convert(v, entry), (count,))
-                   for v, count in zip(operands, self.sizes)], 0)
+    x = em.concat(
+      [em.reshape(em.convert(v, entry), (count,)) for v, count in zip(operands, self.sizes)], 0
+    )
     pad = layout.padded - layout.num_values
     if pad:
       x = hlo.PadOp(x, em.splat(0, (), entry), [0], [pad], [0]).result
@@ -161,8 +171,7 @@ class _Site:
     """All N chunks' codes [N R, S, W] and scales [N R], in chunk order -> the results."""
     em = self.em
     if self.size:
-      values = _rotate(em, _code_values(em, codes, self.fmt), self.size, exact=True,
-                       forward=False)
+      values = _rotate(em, _code_values(em, codes, self.fmt), self.size, exact=True, forward=False)
       values = hlo.MulOp(values, em.bcast(scales, _shape(values), [0])).result
     else:
       values = _dequantize(em, codes, scales, self.fmt)
@@ -198,14 +207,17 @@ def _quantize(em: build.Emitter, x, fmt: qz.Format) -> tuple[ir.Value, ir.Value]
   ops and order, one scale per block of S x W values."""
   shape = _shape(x)
   lead = shape[:-2]
-  amax = build.reduce(em.magnitude(x), em.splat(0, (), em.f32), em.f32,
-                      (len(shape) - 2, len(shape) - 1), hlo.MaxOp)
+  amax = build.reduce(
+    em.magnitude(x), em.splat(0, (), em.f32), em.f32, (len(shape) - 2, len(shape) - 1), hlo.MaxOp
+  )
   scale = hlo.MulOp(amax, em.splat(qz.inverse(fmt.qmax), lead, em.f32)).result
-  positive = hlo.CompareOp(scale, em.splat(0, lead, em.f32),
-                           hlo.ComparisonDirectionAttr.get("GT")).result
+  positive = hlo.CompareOp(
+    scale, em.splat(0, lead, em.f32), hlo.ComparisonDirectionAttr.get("GT")
+  ).result
   safe = hlo.SelectOp(positive, scale, em.splat(1, lead, em.f32)).result
-  reciprocal = hlo.MinOp(hlo.DivOp(em.splat(1, lead, em.f32), safe).result,
-                         em.splat(qz.FLT_MAX, lead, em.f32)).result
+  reciprocal = hlo.MinOp(
+    hlo.DivOp(em.splat(1, lead, em.f32), safe).result, em.splat(qz.FLT_MAX, lead, em.f32)
+  ).result
   return em.codes(x, reciprocal, fmt), scale
 
 
@@ -231,8 +243,9 @@ def _rotate(em: build.Emitter, x, size: int, exact: bool, forward: bool) -> ir.V
   shape = _shape(x)
   # Over the tiles' last dimension when the rotation is as wide (no reshape, so no
   # relayout on a TPU); else over [count, size].
-  flat = x if shape[-1] == size else em.reshape(
-      x, (int(np.prod(shape, dtype=np.int64)) // size, size))
+  flat = (
+    x if shape[-1] == size else em.reshape(x, (int(np.prod(shape, dtype=np.int64)) // size, size))
+  )
   rank = len(_shape(flat))
   element_type = ir.RankedTensorType(x.type).element_type
   # x @ M for a row x: forward M = D H / size ((H / size) D x as rotation.hadamard has it),
@@ -241,11 +254,15 @@ def _rotate(em: build.Emitter, x, size: int, exact: bool, forward: bool) -> ir.V
   h = rotation.matrix(size)
   matrix = d[:, None] * h * rotation.norm(size) if forward else h * d[None, :]
   h = em.convert(em.const(matrix.astype(np.float32), em.f32), element_type)
-  dims = hlo.DotDimensionNumbers.get(lhs_batching_dimensions=[], rhs_batching_dimensions=[],
-                                     lhs_contracting_dimensions=[rank - 1],
-                                     rhs_contracting_dimensions=[0])
+  dims = hlo.DotDimensionNumbers.get(
+    lhs_batching_dimensions=[],
+    rhs_batching_dimensions=[],
+    lhs_contracting_dimensions=[rank - 1],
+    rhs_contracting_dimensions=[0],
+  )
   precision = "DEFAULT" if exact or element_type != em.f32 else "HIGHEST"
   config = ir.ArrayAttr.get([hlo.PrecisionAttr.get(precision)] * 2)
-  out = hlo.DotGeneralOp(build.tensor(_shape(flat), em.f32), flat, h, dims,
-                         precision_config=config).result
+  out = hlo.DotGeneralOp(
+    build.tensor(_shape(flat), em.f32), flat, h, dims, precision_config=config
+  ).result
   return em.reshape(out, shape)  # f32

@@ -23,7 +23,7 @@ from equarx_pass.rewrite import SiteRecord, rewrite_module
 
 @dataclasses.dataclass
 class TransformResult:
-  text: str                                   # rewritten StableHLO, MLIR text
+  text: str  # rewritten StableHLO, MLIR text
   records: list[SiteRecord]
   input_kind: str
   pass_seconds: float
@@ -45,8 +45,11 @@ def transform_text(data: bytes | str, policy: Policy, path: str = "<input>") -> 
 
 
 def transform_file(input_path: str, output_path: str, policy: Policy) -> TransformResult:
-  if os.path.exists(output_path) and os.path.exists(input_path) and \
-     os.path.samefile(input_path, output_path):
+  if (
+    os.path.exists(output_path)
+    and os.path.exists(input_path)
+    and os.path.samefile(input_path, output_path)
+  ):
     raise EquarxError(f"{output_path}: output is the input file; refusing to overwrite it")
   try:
     with open(input_path, "rb") as f:
@@ -66,10 +69,12 @@ def write_atomically(path: str, text: str) -> None:
   left a regular file in /dev.  So devices and FIFOs are written through, and a
   symlink's target is replaced, not the link.
   """
+
   def fail(e: OSError):
     return EquarxError(f"{path}: cannot write output: {e.strerror}")
+
   try:
-    mode = os.stat(path).st_mode              # follows symlinks
+    mode = os.stat(path).st_mode  # follows symlinks
   except FileNotFoundError:
     mode = None
   except OSError as e:
@@ -84,8 +89,10 @@ def write_atomically(path: str, text: str) -> None:
       raise fail(e) from None
     return
   target = os.path.realpath(path)
-  tmp = os.path.join(os.path.dirname(target),
-                     f".{os.path.basename(target)}.equarx-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+  tmp = os.path.join(
+    os.path.dirname(target),
+    f".{os.path.basename(target)}.equarx-{os.getpid()}-{secrets.token_hex(4)}.tmp",
+  )
   try:
     # Like a new file's: 0666 less the umask, or the mode of the file it replaces.
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)

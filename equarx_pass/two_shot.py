@@ -24,12 +24,13 @@ import numpy as np
 from equarx_pass import quantize as qz
 
 
-def two_shot_chunks(x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8
-                    ) -> list[np.ndarray]:
+def two_shot_chunks(
+  x: Sequence[np.ndarray], block: int, fmt: qz.Format = qz.INT8
+) -> list[np.ndarray]:
   """x[r]: rank r's f32 [N, C].  Returns what every rank holds at the end: codes
   [N, code bytes] and scales [N, blocks] of all N reduced chunks."""
   n = len(x)
-  sent = [qz.quantize(x[j], block, fmt) for j in range(n)]   # [N, C] codes, [N, blocks]
+  sent = [qz.quantize(x[j], block, fmt) for j in range(n)]  # [N, C] codes, [N, blocks]
   owned = []
   for r in range(n):
     acc = np.zeros_like(x[r][r])

@@ -17,5 +17,7 @@ def assert_same_bits(got, want, what=""):
   same = (bits(got) == bits(want)) | nan
   if not same.all():
     i = np.unravel_index(np.flatnonzero(~same)[0], got.shape)
-    raise AssertionError(f"{what}: {np.count_nonzero(~same)} of {same.size} values differ; "
-                         f"first at {i}: got {got[i]!r}, want {want[i]!r}")
+    raise AssertionError(
+      f"{what}: {np.count_nonzero(~same)} of {same.size} values differ; "
+      f"first at {i}: got {got[i]!r}, want {want[i]!r}"
+    )

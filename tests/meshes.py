@@ -7,8 +7,12 @@ from jax.sharding import PartitionSpec as P
 
 def psum_program(mesh, axis):
   """A shard_map'd psum over `axis` of an array sharded over every mesh axis."""
-  return jax.shard_map(lambda x: jax.lax.psum(x, axis), mesh=mesh,
-                       in_specs=P(mesh.axis_names), out_specs=P(mesh.axis_names))
+  return jax.shard_map(
+    lambda x: jax.lax.psum(x, axis),
+    mesh=mesh,
+    in_specs=P(mesh.axis_names),
+    out_specs=P(mesh.axis_names),
+  )
 
 
 def ring_groups(mesh, axes: tuple[str, ...]) -> list[list[tuple[int, ...]]]:

@@ -34,7 +34,7 @@ AUTO = jax.sharding.AxisType.Auto
 IDENTITY = "--equarx_enable --equarx_min_bytes=0 --equarx_identity"
 QUANTIZED = "--equarx_enable --equarx_min_bytes=0"
 
-D, F, B, S = 64, 256, 16, 16          # hidden, FFN, batch (tokens), sequence
+D, F, B, S = 64, 256, 16, 16  # hidden, FFN, batch (tokens), sequence
 
 
 def mesh_1d(name="tp"):
@@ -57,17 +57,18 @@ def normal(rng, shape, scale=1.0, dtype=np.float32):
 class Program:
   name: str
   fn: Callable
-  make_args: Callable[[], tuple]      # fresh arguments on every call
+  make_args: Callable[[], tuple]  # fresh arguments on every call
   covers: str
   jit_kwargs: dict = dataclasses.field(default_factory=dict)
-  lowered: bool = False               # shard_map + psum: the lowered route
-  extra_flags: str = ""               # e.g. --equarx_partitioned=on
+  lowered: bool = False  # shard_map + psum: the lowered route
+  extra_flags: str = ""  # e.g. --equarx_partitioned=on
   # A program the partitioned route declines (a documented limit): `auto` must run it
   # as plain jax.jit, and the report's note must contain this text.
   fallback: str = ""
 
 
 # --- comparing ---------------------------------------------------------------------
+
 
 def _bits(a: np.ndarray) -> np.ndarray:
   a = np.ascontiguousarray(a)
@@ -86,8 +87,10 @@ def _diff(got: np.ndarray, want: np.ndarray) -> str:
     finite = np.isfinite(g) & np.isfinite(w)
     g, w = g[finite], w[finite]
     denom = np.linalg.norm(w)
-    msg += (f"; over the finite values: max |diff| {np.max(np.abs(g - w), initial=0):.3g}, "
-            f"relative L2 {np.linalg.norm(g - w) / denom if denom else float('inf'):.3g}")
+    msg += (
+      f"; over the finite values: max |diff| {np.max(np.abs(g - w), initial=0):.3g}, "
+      f"relative L2 {np.linalg.norm(g - w) / denom if denom else float('inf'):.3g}"
+    )
   return msg
 
 
@@ -130,17 +133,16 @@ def assert_same(got, want, what=""):
 
 def relative_error(got, want) -> float:
   g = np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree_util.tree_leaves(got)])
-  w = np.concatenate([np.asarray(x, np.float64).ravel()
-                      for x in jax.tree_util.tree_leaves(want)])
+  w = np.concatenate([np.asarray(x, np.float64).ravel() for x in jax.tree_util.tree_leaves(want)])
   return float(np.linalg.norm(g - w) / np.linalg.norm(w))
 
 
 @dataclasses.dataclass
 class Pair:
-  got: object           # equarx_pass.jit's result
-  want: object          # jax.jit's
-  fn: object            # the equarx_pass.jit object (its .report)
-  got_args: tuple       # the arguments each was called with (donated ones are deleted)
+  got: object  # equarx_pass.jit's result
+  want: object  # jax.jit's
+  fn: object  # the equarx_pass.jit object (its .report)
+  got_args: tuple  # the arguments each was called with (donated ones are deleted)
   want_args: tuple
 
   def __iter__(self):
@@ -164,6 +166,7 @@ def donated_leaves(prog: Program, args) -> list:
 
 
 # --- building blocks --------------------------------------------------------------
+
 
 def sinusoidal(length: int, dim: int) -> np.ndarray:
   """The Transformer's sinusoidal position embeddings, a NumPy constant."""
@@ -208,34 +211,45 @@ def attention(x, wq, wk, wv, wo, heads, *, rope=False, causal=True):
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
   scores = jnp.einsum("bshd,bthd->bhst", q, k) / np.float32(np.sqrt(q.shape[-1]))
   if causal:
-    mask = np.tril(np.ones((s, s), bool))              # a boolean NumPy constant
+    mask = np.tril(np.ones((s, s), bool))  # a boolean NumPy constant
     scores = jnp.where(mask, scores, np.float32(-1e9))
   o = jnp.einsum("bhst,bthd->bshd", jax.nn.softmax(scores, axis=-1), v)
   return o.reshape(b, s, -1) @ wo
 
 
-def mlp_args(mesh, seed=0, x_spec=(), tokens=B, d=D, f=F, dtype=np.float32,
-             col=(None, "tp"), row=("tp", None)):
+def mlp_args(
+  mesh, seed=0, x_spec=(), tokens=B, d=D, f=F, dtype=np.float32, col=(None, "tp"), row=("tp", None)
+):
   rng = np.random.default_rng(seed)
-  return (put(mesh, normal(rng, (tokens, d), 1.0, dtype), *x_spec),
-          put(mesh, normal(rng, (d, f), d ** -0.5, dtype), *col),
-          put(mesh, normal(rng, (f, d), f ** -0.5, dtype), *row))
+  return (
+    put(mesh, normal(rng, (tokens, d), 1.0, dtype), *x_spec),
+    put(mesh, normal(rng, (d, f), d**-0.5, dtype), *col),
+    put(mesh, normal(rng, (f, d), f**-0.5, dtype), *row),
+  )
 
 
 # --- the corpus ----------------------------------------------------------------------
+
 
 def _constants(mesh):
   progs = []
   # Sinusoidal position embeddings of many sizes (constants of 64 .. 16448 values),
   # added before and after a tensor-parallel MLP.
   for length in (1, 3, 11, 100, 257):
+
     def f(x, w1, w2, length=length):
       pe = sinusoidal(length, D)
       h = x[:length] + pe
       return mlp(h, w1, w2) + pe
-    progs.append(Program(f"pos_embed_{length}", f,
-                         lambda length=length: mlp_args(mesh, tokens=max(length, 8)),
-                         f"sinusoidal table {length}x{D} (NumPy constant), TP MLP"))
+
+    progs.append(
+      Program(
+        f"pos_embed_{length}",
+        f,
+        lambda length=length: mlp_args(mesh, tokens=max(length, 8)),
+        f"sinusoidal table {length}x{D} (NumPy constant), TP MLP",
+      )
+    )
 
   # Constants after an all-reduce: several small ones of odd sizes and dtypes.
   def f(x, w1, w2):
@@ -247,30 +261,54 @@ def _constants(mesh):
     out["i32"] = jnp.argmax(y, axis=-1).astype(jnp.int32) + np.arange(B, dtype=np.int32) * 7
     out["scalar"] = jnp.sum(y) * np.float32(3.25) + np.float32(1e30)
     return out
-  progs.append(Program("constants_many", f, lambda: mlp_args(mesh),
-                       "constants of 1..64 values, bf16 and int32 constants, dict output"))
+
+  progs.append(
+    Program(
+      "constants_many",
+      f,
+      lambda: mlp_args(mesh),
+      "constants of 1..64 values, bf16 and int32 constants, dict output",
+    )
+  )
   return progs
 
 
 def _attention(mesh):
   heads, hd = 8, 16
+
   def args(seed=1, batch_spec=None):
     rng = np.random.default_rng(seed)
     w = lambda shape: normal(rng, shape, shape[0] ** -0.5)
     x = put(mesh, normal(rng, (2, S, D)), batch_spec)
-    return (x, put(mesh, w((D, heads * hd)), None, "tp"),
-            put(mesh, w((D, heads * hd)), None, "tp"),
-            put(mesh, w((D, heads * hd)), None, "tp"),
-            put(mesh, w((heads * hd, D)), "tp", None))
+    return (
+      x,
+      put(mesh, w((D, heads * hd)), None, "tp"),
+      put(mesh, w((D, heads * hd)), None, "tp"),
+      put(mesh, w((D, heads * hd)), None, "tp"),
+      put(mesh, w((heads * hd, D)), "tp", None),
+    )
 
   def rope_block(x, wq, wk, wv, wo):
     x = x + attention(layer_norm(x), wq, wk, wv, wo, heads, rope=True)
     return x + sinusoidal(S, D)[None]
+
   if "dp" in mesh.axis_names:
-    return [Program("tp_attention_dp_batch", rope_block, lambda: args(2, "dp"),
-                    "attention on a 2-D mesh, batch on dp, heads on tp")]
-  return [Program("tp_attention_rope_causal", rope_block, args,
-                  "Megatron attention (heads on tp), RoPE tables, causal mask constant")]
+    return [
+      Program(
+        "tp_attention_dp_batch",
+        rope_block,
+        lambda: args(2, "dp"),
+        "attention on a 2-D mesh, batch on dp, heads on tp",
+      )
+    ]
+  return [
+    Program(
+      "tp_attention_rope_causal",
+      rope_block,
+      args,
+      "Megatron attention (heads on tp), RoPE tables, causal mask constant",
+    )
+  ]
 
 
 def _gather_scatter_iota(mesh):
@@ -280,8 +318,11 @@ def _gather_scatter_iota(mesh):
 
   def args():
     r = np.random.default_rng(4)
-    return (put(mesh, ids_np), put(mesh, normal(r, (vocab, D), 0.02), "tp", None),
-            *mlp_args(mesh, seed=5)[1:])
+    return (
+      put(mesh, ids_np),
+      put(mesh, normal(r, (vocab, D), 0.02), "tp", None),
+      *mlp_args(mesh, seed=5)[1:],
+    )
 
   def embed(ids, table, w1, w2):
     # Vocab-parallel embedding: a gather from a table sharded on its rows.
@@ -299,7 +340,7 @@ def _gather_scatter_iota(mesh):
     # Scatter-add of sharded activations into a vocab-sized buffer (an embedding
     # gradient), then a row-parallel matmul.
     x = jnp.take(table, ids, axis=0).reshape(-1, D)
-    h = jax.nn.relu(x @ w1)                                   # columns on tp
+    h = jax.nn.relu(x @ w1)  # columns on tp
     acc = jnp.zeros((vocab // 4, F), jnp.float32).at[ids.reshape(-1) % (vocab // 4)].add(h)
     counts = jnp.zeros((vocab // 4,), jnp.int32).at[ids.reshape(-1) % (vocab // 4)].add(1)
     return acc @ w2, counts
@@ -315,12 +356,22 @@ def _gather_scatter_iota(mesh):
     nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
     return jnp.mean(nll), jnp.argmax(logits, axis=-1)
 
-  return [Program("embed_gather_vocab_parallel", embed, args,
-                  "gather from a row-sharded table, constants, TP MLP"),
-          Program("embed_onehot_iota", onehot, args, "iota one-hot matmul, broadcasted_iota"),
-          Program("scatter_add", scatter, args, "scatter-add (.at[].add) f32 and int32"),
-          Program("vocab_parallel_loss", vocab_parallel_loss, args,
-                  "tied-embedding logits, log_softmax over a sharded vocab, take_along_axis")]
+  return [
+    Program(
+      "embed_gather_vocab_parallel",
+      embed,
+      args,
+      "gather from a row-sharded table, constants, TP MLP",
+    ),
+    Program("embed_onehot_iota", onehot, args, "iota one-hot matmul, broadcasted_iota"),
+    Program("scatter_add", scatter, args, "scatter-add (.at[].add) f32 and int32"),
+    Program(
+      "vocab_parallel_loss",
+      vocab_parallel_loss,
+      args,
+      "tied-embedding logits, log_softmax over a sharded vocab, take_along_axis",
+    ),
+  ]
 
 
 def _rng(mesh):
@@ -339,10 +390,20 @@ def _rng(mesh):
 
   raw = lambda: (jax.random.PRNGKey(42), *mlp_args(mesh, seed=6))
   typed = lambda: (jax.random.key(7), *mlp_args(mesh, seed=7))
-  return [Program("rng_dropout", dropout_mlp, raw,
-                  "jax.random normal/bernoulli/uniform from a raw key argument, dropout"),
-          Program("rng_typed_key", typed_key, typed,
-                  "typed key argument and output, random mask on a sharded weight")]
+  return [
+    Program(
+      "rng_dropout",
+      dropout_mlp,
+      raw,
+      "jax.random normal/bernoulli/uniform from a raw key argument, dropout",
+    ),
+    Program(
+      "rng_typed_key",
+      typed_key,
+      typed,
+      "typed key argument and output, random mask on a sharded weight",
+    ),
+  ]
 
 
 def _control_flow(mesh):
@@ -351,14 +412,17 @@ def _control_flow(mesh):
   def stacked():
     # Stacked layers for scan: (L, D, F) on columns, (L, F, D) on rows.
     rng = np.random.default_rng(8)
-    return (put(mesh, normal(rng, (B, D))),
-            put(mesh, normal(rng, (layers, D, F), D ** -0.5), None, None, "tp"),
-            put(mesh, normal(rng, (layers, F, D), F ** -0.5), None, "tp", None))
+    return (
+      put(mesh, normal(rng, (B, D))),
+      put(mesh, normal(rng, (layers, D, F), D**-0.5), None, None, "tp"),
+      put(mesh, normal(rng, (layers, F, D), F**-0.5), None, "tp", None),
+    )
 
   def scan_layers(x, w1s, w2s):
     def body(h, ws):
       y = h + mlp(layer_norm(h), *ws)
       return y, jnp.sum(y)
+
     return jax.lax.scan(body, x, (w1s, w2s))
 
   def fori(x, w1, w2):
@@ -368,17 +432,28 @@ def _control_flow(mesh):
     def body(state):
       i, h = state
       return i + 1, layer_norm(h + mlp(h, w1, w2))
+
     i, h = jax.lax.while_loop(lambda s: (s[0] < 4) & (jnp.max(s[1]) < 1e6), body, (0, x))
     branch = jax.lax.cond(p > 0, lambda h: mlp(h, w1, w2), lambda h: mlp(h * 2, w1, w2) - 1, h)
     return i, branch, jax.lax.switch(jnp.clip(p, 0, 2), [jnp.sin, jnp.cos, jnp.tanh], branch)
 
-  return [Program("scan_over_layers", scan_layers, stacked,
-                  "lax.scan over stacked TP layers (all-reduce in the loop body)"),
-          Program("fori_loop", fori, lambda: mlp_args(mesh, seed=9),
-                  "fori_loop with an all-reduce inside"),
-          Program("while_cond_switch", while_cond,
-                  lambda: (*mlp_args(mesh, seed=10), put(mesh, np.int32(1))),
-                  "while_loop with a data-dependent exit, cond and switch on an argument")]
+  return [
+    Program(
+      "scan_over_layers",
+      scan_layers,
+      stacked,
+      "lax.scan over stacked TP layers (all-reduce in the loop body)",
+    ),
+    Program(
+      "fori_loop", fori, lambda: mlp_args(mesh, seed=9), "fori_loop with an all-reduce inside"
+    ),
+    Program(
+      "while_cond_switch",
+      while_cond,
+      lambda: (*mlp_args(mesh, seed=10), put(mesh, np.int32(1))),
+      "while_loop with a data-dependent exit, cond and switch on an argument",
+    ),
+  ]
 
 
 def _reshapes(mesh):
@@ -388,20 +463,34 @@ def _reshapes(mesh):
     h = x @ w1
     mixed = h.reshape(B, 2, F // 2).transpose(0, 2, 1).reshape(B, F)
     return jax.nn.relu(h) @ w2, mixed
-  return [Program("sharded_reshape_transpose", interleave, lambda: mlp_args(mesh, seed=23),
-                  "reshape/transpose across a sharded dim (all-gathers over tp sub-axes)")]
+
+  return [
+    Program(
+      "sharded_reshape_transpose",
+      interleave,
+      lambda: mlp_args(mesh, seed=23),
+      "reshape/transpose across a sharded dim (all-gathers over tp sub-axes)",
+    )
+  ]
 
 
 def _linalg(mesh):
   def f(x, w1, w2):
-    y = mlp(x, w1, w2)                                    # (B, D), all-reduced
+    y = mlp(x, w1, w2)  # (B, D), all-reduced
     g = y.T @ y / B + jnp.eye(D, dtype=jnp.float32)
     chol = jnp.linalg.cholesky(g)
     q, r = jnp.linalg.qr(y)
     evals, evecs = jnp.linalg.eigh(g)
     return chol, q, r, evals, jnp.abs(evecs[:, -1])
-  return [Program("lapack_custom_calls", f, lambda: mlp_args(mesh, seed=11),
-                  "cholesky / qr / eigh: LAPACK custom calls on CPU after an all-reduce")]
+
+  return [
+    Program(
+      "lapack_custom_calls",
+      f,
+      lambda: mlp_args(mesh, seed=11),
+      "cholesky / qr / eigh: LAPACK custom calls on CPU after an all-reduce",
+    )
+  ]
 
 
 def _dtypes(mesh):
@@ -409,11 +498,18 @@ def _dtypes(mesh):
     # bf16 weights and activations, f32 accumulation, outputs in both.
     h = jax.nn.gelu(jnp.dot(x, w1, preferred_element_type=jnp.float32))
     y = jnp.dot(h.astype(jnp.bfloat16), w2, preferred_element_type=jnp.float32)
-    z = (h.astype(jnp.bfloat16) @ w2)                   # a bf16 all-reduce
+    z = h.astype(jnp.bfloat16) @ w2  # a bf16 all-reduce
     return y, z, (y + z.astype(jnp.float32)).astype(jnp.bfloat16)
+
   bf = lambda: mlp_args(mesh, seed=12, dtype=jnp.bfloat16)
-  return [Program("bf16_f32_mix", mixed, bf,
-                  "bf16 weights, f32 accumulation, bf16 and f32 all-reduces and outputs")]
+  return [
+    Program(
+      "bf16_f32_mix",
+      mixed,
+      bf,
+      "bf16 weights, f32 accumulation, bf16 and f32 all-reduces and outputs",
+    )
+  ]
 
 
 def _meshes_2d():
@@ -421,20 +517,33 @@ def _meshes_2d():
   for shape in ((2, 4), (4, 2)):
     mesh = mesh_2d(shape)
     tag = f"{shape[0]}x{shape[1]}"
-    progs.append(Program(
-        f"megatron_mlp_dp_tp_{tag}", lambda x, w1, w2: x + mlp(layer_norm(x), w1, w2),
+    progs.append(
+      Program(
+        f"megatron_mlp_dp_tp_{tag}",
+        lambda x, w1, w2: x + mlp(layer_norm(x), w1, w2),
         lambda mesh=mesh: mlp_args(mesh, seed=13, x_spec=("dp",)),
-        f"TP MLP on a {tag} mesh, batch on dp"))
-    progs.append(Program(
-        f"megatron_mlp_tp_only_{tag}", mlp, lambda mesh=mesh: mlp_args(mesh, seed=13),
-        f"TP MLP on a {tag} mesh, x replicated: dp unused (minor-axis replica groups)"))
+        f"TP MLP on a {tag} mesh, batch on dp",
+      )
+    )
+    progs.append(
+      Program(
+        f"megatron_mlp_tp_only_{tag}",
+        mlp,
+        lambda mesh=mesh: mlp_args(mesh, seed=13),
+        f"TP MLP on a {tag} mesh, x replicated: dp unused (minor-axis replica groups)",
+      )
+    )
   mesh = mesh_2d((2, 4))
   progs.extend(_attention(mesh))
   # 2-D sharded weights: both axes on the contracting dimension.
-  progs.append(Program(
-      "mlp_2d_sharded_weights", mlp,
+  progs.append(
+    Program(
+      "mlp_2d_sharded_weights",
+      mlp,
       lambda: mlp_args(mesh, seed=14, col=(None, ("dp", "tp")), row=(("dp", "tp"), None)),
-      "weights sharded over both axes of a 2x4 mesh"))
+      "weights sharded over both axes of a 2x4 mesh",
+    )
+  )
   return progs
 
 
@@ -458,10 +567,15 @@ def _steps(mesh):
     return put(mesh, normal(rng, (B, D)), *spec), put(mesh, normal(rng, (B, D)), *spec)
 
   shardings = {"w1": NamedSharding(mesh, P(None, "tp")), "w2": NamedSharding(mesh, P("tp", None))}
-  progs = [Program("train_step_sgd_donated", sgd_step,
-                   lambda: (tp_params(15), *data(16)),
-                   "value_and_grad + SGD on TP params, params donated",
-                   dict(donate_argnums=(0,), out_shardings=(shardings, None)))]
+  progs = [
+    Program(
+      "train_step_sgd_donated",
+      sgd_step,
+      lambda: (tp_params(15), *data(16)),
+      "value_and_grad + SGD on TP params, params donated",
+      dict(donate_argnums=(0,), out_shardings=(shardings, None)),
+    )
+  ]
 
   opt = optax.adam(1e-2)
 
@@ -473,44 +587,83 @@ def _steps(mesh):
   def adam_args(eager=False):
     params = tp_params(17)
     state = opt.init(params)
-    if not eager:     # the scalar step count on the mesh too (replicated)
-      state = jax.tree.map(lambda a: a if isinstance(a.sharding, NamedSharding)
-                           else put(mesh, a), state)
+    if not eager:  # the scalar step count on the mesh too (replicated)
+      state = jax.tree.map(
+        lambda a: a if isinstance(a.sharding, NamedSharding) else put(mesh, a), state
+      )
     return (params, state, *data(18))
-  progs.append(Program("train_step_adam", adam_step, adam_args,
-                       "value_and_grad + optax adam, params and state donated",
-                       dict(donate_argnums=(0, 1))))
+
+  progs.append(
+    Program(
+      "train_step_adam",
+      adam_step,
+      adam_args,
+      "value_and_grad + optax adam, params and state donated",
+      dict(donate_argnums=(0, 1)),
+    )
+  )
   # As optax's examples write it: opt.init eagerly, so the step count is a
   # single-device array, which lowers to a second mesh of no axes (@empty_mesh).
-  progs.append(Program("train_step_adam_eager_init", adam_step, lambda: adam_args(eager=True),
-                       "optax adam with an eagerly initialised state (an empty second mesh)",
-                       dict(donate_argnums=(0, 1))))
+  progs.append(
+    Program(
+      "train_step_adam_eager_init",
+      adam_step,
+      lambda: adam_args(eager=True),
+      "optax adam with an eagerly initialised state (an empty second mesh)",
+      dict(donate_argnums=(0, 1)),
+    )
+  )
 
   # FSDP: parameters sharded over the data axis, gathered in the step, batch on it too.
   fsdp_mesh = mesh_1d("dp")
+
   def fsdp_args():
     rng = np.random.default_rng(19)
-    params = {"w1": put(fsdp_mesh, normal(rng, (D, F), D ** -0.5), "dp", None),
-              "w2": put(fsdp_mesh, normal(rng, (F, D), F ** -0.5), "dp", None)}
+    params = {
+      "w1": put(fsdp_mesh, normal(rng, (D, F), D**-0.5), "dp", None),
+      "w2": put(fsdp_mesh, normal(rng, (F, D), F**-0.5), "dp", None),
+    }
     x, y = normal(rng, (B, D)), normal(rng, (B, D))
     return params, put(fsdp_mesh, x, "dp"), put(fsdp_mesh, y, "dp")
+
   fsdp_sh = {k: NamedSharding(fsdp_mesh, P("dp", None)) for k in ("w1", "w2")}
-  progs.append(Program("fsdp_train_step", sgd_step, fsdp_args,
-                       "FSDP: params and batch on dp, donated, params keep their sharding",
-                       dict(in_shardings=(fsdp_sh, NamedSharding(fsdp_mesh, P("dp")),
-                                          NamedSharding(fsdp_mesh, P("dp"))),
-                            out_shardings=(fsdp_sh, NamedSharding(fsdp_mesh, P())),
-                            donate_argnums=(0,))))
+  progs.append(
+    Program(
+      "fsdp_train_step",
+      sgd_step,
+      fsdp_args,
+      "FSDP: params and batch on dp, donated, params keep their sharding",
+      dict(
+        in_shardings=(
+          fsdp_sh,
+          NamedSharding(fsdp_mesh, P("dp")),
+          NamedSharding(fsdp_mesh, P("dp")),
+        ),
+        out_shardings=(fsdp_sh, NamedSharding(fsdp_mesh, P())),
+        donate_argnums=(0,),
+      ),
+    )
+  )
 
   # FSDP x TP on a 2x4 mesh.
   m2 = mesh_2d((2, 4))
+
   def fsdp_tp_args():
     rng = np.random.default_rng(20)
-    params = {"w1": put(m2, normal(rng, (D, F), D ** -0.5), "dp", "tp"),
-              "w2": put(m2, normal(rng, (F, D), F ** -0.5), "tp", "dp")}
+    params = {
+      "w1": put(m2, normal(rng, (D, F), D**-0.5), "dp", "tp"),
+      "w2": put(m2, normal(rng, (F, D), F**-0.5), "tp", "dp"),
+    }
     return params, put(m2, normal(rng, (B, D)), "dp"), put(m2, normal(rng, (B, D)), "dp")
-  progs.append(Program("fsdp_tp_train_step", sgd_step, fsdp_tp_args,
-                       "FSDP over dp and TP over tp on a 2x4 mesh, SGD step"))
+
+  progs.append(
+    Program(
+      "fsdp_tp_train_step",
+      sgd_step,
+      fsdp_tp_args,
+      "FSDP over dp and TP over tp on a 2x4 mesh, SGD step",
+    )
+  )
   return progs
 
 
@@ -518,20 +671,41 @@ def _pytree(mesh):
   def f(x, w1, w2):
     y = mlp(x, w1, w2)
     h = x @ w1
-    return {"out": y, "stats": (jnp.mean(y, 0), jnp.var(y)), "hidden": h,
-            "list": [y.astype(jnp.bfloat16), jnp.sum(y > 0)]}
-  return [Program("pytree_outputs", f, lambda: mlp_args(mesh, seed=21),
-                  "dict / tuple / list outputs, sharded and replicated, f32/bf16/int",
-                  dict(out_shardings={"out": NamedSharding(mesh, P("tp")),
-                                      "stats": NamedSharding(mesh, P()),
-                                      "hidden": NamedSharding(mesh, P(None, "tp")),
-                                      "list": NamedSharding(mesh, P())}))]
+    return {
+      "out": y,
+      "stats": (jnp.mean(y, 0), jnp.var(y)),
+      "hidden": h,
+      "list": [y.astype(jnp.bfloat16), jnp.sum(y > 0)],
+    }
+
+  return [
+    Program(
+      "pytree_outputs",
+      f,
+      lambda: mlp_args(mesh, seed=21),
+      "dict / tuple / list outputs, sharded and replicated, f32/bf16/int",
+      dict(
+        out_shardings={
+          "out": NamedSharding(mesh, P("tp")),
+          "stats": NamedSharding(mesh, P()),
+          "hidden": NamedSharding(mesh, P(None, "tp")),
+          "list": NamedSharding(mesh, P()),
+        }
+      ),
+    )
+  ]
 
 
 # --- flax linen ----------------------------------------------------------------------
 
-FLAX_RULES = (("batch", None), ("vocab", "tp"), ("embed", None), ("heads", "tp"),
-              ("kv", None), ("mlp", "tp"))
+FLAX_RULES = (
+  ("batch", None),
+  ("vocab", "tp"),
+  ("embed", None),
+  ("heads", "tp"),
+  ("kv", None),
+  ("mlp", "tp"),
+)
 
 
 def _flax(mesh):
@@ -545,22 +719,36 @@ def _flax(mesh):
   class Block(nn.Module):
     @nn.compact
     def __call__(self, x, mask, train: bool = False):
-      h = nn.LayerNorm(scale_init=part(nn.initializers.ones, ("embed",)),
-                       bias_init=part(nn.initializers.zeros, ("embed",)))(x)
+      h = nn.LayerNorm(
+        scale_init=part(nn.initializers.ones, ("embed",)),
+        bias_init=part(nn.initializers.zeros, ("embed",)),
+      )(x)
       h = nn.MultiHeadDotProductAttention(
-          num_heads=heads, qkv_features=D, dropout_rate=0.1, deterministic=not train,
-          kernel_init=part(dense_init, ("embed", "heads", "kv")),
-          bias_init=part(nn.initializers.zeros, ("heads", "kv")),
-          out_kernel_init=part(dense_init, ("heads", "kv", "embed")),
-          out_bias_init=part(nn.initializers.zeros, ("embed",)))(h, h, mask=mask)
+        num_heads=heads,
+        qkv_features=D,
+        dropout_rate=0.1,
+        deterministic=not train,
+        kernel_init=part(dense_init, ("embed", "heads", "kv")),
+        bias_init=part(nn.initializers.zeros, ("heads", "kv")),
+        out_kernel_init=part(dense_init, ("heads", "kv", "embed")),
+        out_bias_init=part(nn.initializers.zeros, ("embed",)),
+      )(h, h, mask=mask)
       x = x + h
-      h = nn.LayerNorm(scale_init=part(nn.initializers.ones, ("embed",)),
-                       bias_init=part(nn.initializers.zeros, ("embed",)))(x)
-      h = nn.Dense(F, kernel_init=part(dense_init, ("embed", "mlp")),
-                   bias_init=part(nn.initializers.zeros, ("mlp",)))(h)
+      h = nn.LayerNorm(
+        scale_init=part(nn.initializers.ones, ("embed",)),
+        bias_init=part(nn.initializers.zeros, ("embed",)),
+      )(x)
+      h = nn.Dense(
+        F,
+        kernel_init=part(dense_init, ("embed", "mlp")),
+        bias_init=part(nn.initializers.zeros, ("mlp",)),
+      )(h)
       h = nn.Dropout(0.1, deterministic=not train)(nn.gelu(h))
-      h = nn.Dense(D, kernel_init=part(dense_init, ("mlp", "embed")),
-                   bias_init=part(nn.initializers.zeros, ("embed",)))(h)
+      h = nn.Dense(
+        D,
+        kernel_init=part(dense_init, ("mlp", "embed")),
+        bias_init=part(nn.initializers.zeros, ("embed",)),
+      )(h)
       return x + h
 
   class LM(nn.Module):
@@ -568,15 +756,18 @@ def _flax(mesh):
 
     @nn.compact
     def __call__(self, ids, train: bool = False):
-      embed = nn.Embed(vocab, D, embedding_init=part(nn.initializers.normal(0.02),
-                                                     ("vocab", "embed")))
+      embed = nn.Embed(
+        vocab, D, embedding_init=part(nn.initializers.normal(0.02), ("vocab", "embed"))
+      )
       x = embed(ids) + sinusoidal(ids.shape[1], D)[None]
       mask = nn.make_causal_mask(ids)
       for _ in range(self.layers):
         x = Block()(x, mask, train)
-      x = nn.LayerNorm(scale_init=part(nn.initializers.ones, ("embed",)),
-                       bias_init=part(nn.initializers.zeros, ("embed",)))(x)
-      return embed.attend(x)                      # tied output embedding
+      x = nn.LayerNorm(
+        scale_init=part(nn.initializers.ones, ("embed",)),
+        bias_init=part(nn.initializers.zeros, ("embed",)),
+      )(x)
+      return embed.attend(x)  # tied output embedding
 
   ids_np = np.random.default_rng(22).integers(0, vocab, (2, S)).astype(np.int32)
   ids_sharding = NamedSharding(mesh, P())
@@ -601,25 +792,37 @@ def _flax(mesh):
   def train_step(variables, ids, key):
     def loss_fn(v):
       logits = small.apply(v, ids, train=True, rngs={"dropout": key})
-      return optax.softmax_cross_entropy_with_integer_labels(
-          logits[:, :-1], ids[:, 1:]).mean()
+      return optax.softmax_cross_entropy_with_integer_labels(logits[:, :-1], ids[:, 1:]).mean()
+
     loss, grads = jax.value_and_grad(loss_fn)(variables)
     updates, _ = opt.update(grads, opt.init(variables), variables)
     return optax.apply_updates(variables, updates), loss
 
-  return [Program("flax_lm_apply", apply, lambda: (params(), put(mesh, ids_np)),
-                  "flax linen LM, 2 blocks (Embed, LayerNorm, MultiHeadDotProductAttention, "
-                  "Dense), logical partitioning rules",
-                  dict(in_shardings=(shardings, ids_sharding))),
-          Program("flax_lm_train_step", train_step,
-                  lambda: (small_params(), put(mesh, ids_np), jax.random.PRNGKey(3)),
-                  "flax LM train step (1 block): dropout rng, cross entropy, grads, optax "
-                  "SGD, donated",
-                  dict(in_shardings=(small_shardings, ids_sharding, None),
-                       out_shardings=(small_shardings, None), donate_argnums=(0,)))]
+  return [
+    Program(
+      "flax_lm_apply",
+      apply,
+      lambda: (params(), put(mesh, ids_np)),
+      "flax linen LM, 2 blocks (Embed, LayerNorm, MultiHeadDotProductAttention, "
+      "Dense), logical partitioning rules",
+      dict(in_shardings=(shardings, ids_sharding)),
+    ),
+    Program(
+      "flax_lm_train_step",
+      train_step,
+      lambda: (small_params(), put(mesh, ids_np), jax.random.PRNGKey(3)),
+      "flax LM train step (1 block): dropout rng, cross entropy, grads, optax SGD, donated",
+      dict(
+        in_shardings=(small_shardings, ids_sharding, None),
+        out_shardings=(small_shardings, None),
+        donate_argnums=(0,),
+      ),
+    ),
+  ]
 
 
 # --- shard_map + psum: the lowered route -------------------------------------------------
+
 
 def _lowered(mesh, mesh2):
   smap = jax.shard_map
@@ -628,39 +831,68 @@ def _lowered(mesh, mesh2):
   def by_hand(x, w1, w2):
     y = jax.lax.psum(mlp(x + sinusoidal(B, D), w1, w2), "tp")
     return y + (np.arange(D, dtype=np.float32) + 1) * 100.0
+
   mlp_psum = smap(by_hand, mesh=mesh, in_specs=(P(), col, row), out_specs=P())
 
   def looped(x, w1, w2):
     def body(h, _):
       return h + jax.lax.psum(mlp(h, w1, w2), "tp"), jnp.max(h)
+
     return jax.lax.scan(body, x, None, length=3)
+
   scan_psum = smap(looped, mesh=mesh, in_specs=(P(), col, row), out_specs=(P(), P()))
 
   def tree_psum(x, w1, w2):
     y = mlp(x, w1, w2)
     a, b, c = jax.lax.psum((y, y.astype(jnp.bfloat16), jnp.sum(y > 0)), "tp")
     return a, b, c
+
   tree = smap(tree_psum, mesh=mesh, in_specs=(P(), col, row), out_specs=P())
 
   def sub_axis(x, w1, w2):
     part = mlp(x, w1, w2)
-    y = jax.lax.psum(part, "tp")                    # within each dp row
+    y = jax.lax.psum(part, "tp")  # within each dp row
     return y, jax.lax.psum(jnp.sum(part, 0), ("dp", "tp"))
-  two_d = smap(sub_axis, mesh=mesh2, in_specs=(P("dp"), col, row),
-               out_specs=(P("dp"), P()))
 
-  return [Program("psum_mlp_constants", mlp_psum, lambda: mlp_args(mesh, seed=30),
-                  "shard_map psum, constants around it", lowered=True),
-          Program("psum_in_scan", scan_psum, lambda: mlp_args(mesh, seed=31),
-                  "psum inside a scan body", lowered=True),
-          Program("psum_pytree_mixed_dtypes", tree, lambda: mlp_args(mesh, seed=32),
-                  "one psum over f32, bf16 and int32 operands", lowered=True),
-          Program("psum_2d_mesh_sub_axis", two_d,
-                  lambda: mlp_args(mesh2, seed=33, x_spec=("dp",)),
-                  "psum over tp within dp rows, and over both axes", lowered=True),
-          Program("psum_mlp_partitioned_on", mlp_psum, lambda: mlp_args(mesh, seed=34),
-                  "an explicit psum taken through the partitioned route (=on)",
-                  extra_flags="--equarx_partitioned=on")]
+  two_d = smap(sub_axis, mesh=mesh2, in_specs=(P("dp"), col, row), out_specs=(P("dp"), P()))
+
+  return [
+    Program(
+      "psum_mlp_constants",
+      mlp_psum,
+      lambda: mlp_args(mesh, seed=30),
+      "shard_map psum, constants around it",
+      lowered=True,
+    ),
+    Program(
+      "psum_in_scan",
+      scan_psum,
+      lambda: mlp_args(mesh, seed=31),
+      "psum inside a scan body",
+      lowered=True,
+    ),
+    Program(
+      "psum_pytree_mixed_dtypes",
+      tree,
+      lambda: mlp_args(mesh, seed=32),
+      "one psum over f32, bf16 and int32 operands",
+      lowered=True,
+    ),
+    Program(
+      "psum_2d_mesh_sub_axis",
+      two_d,
+      lambda: mlp_args(mesh2, seed=33, x_spec=("dp",)),
+      "psum over tp within dp rows, and over both axes",
+      lowered=True,
+    ),
+    Program(
+      "psum_mlp_partitioned_on",
+      mlp_psum,
+      lambda: mlp_args(mesh, seed=34),
+      "an explicit psum taken through the partitioned route (=on)",
+      extra_flags="--equarx_partitioned=on",
+    ),
+  ]
 
 
 def corpus() -> list[Program]:
@@ -685,7 +917,6 @@ def corpus() -> list[Program]:
   return progs
 
 
-
 # --- drawn programs (the property test) ----------------------------------------------
 
 MESHES = {"8": ((8,), ("tp",)), "2x4": ((2, 4), ("dp", "tp")), "4x2": ((4, 2), ("dp", "tp"))}
@@ -698,6 +929,7 @@ class Spec:
   ("act", name);  ("const", n, kind) x[:, :n] + a NumPy constant of n values;
   ("reduce", kind);  ("gather", vocab) x + table[ids], table on rows;
   ("reshape",) a reshape/transpose/reshape of the features."""
+
   mesh: str
   dtype: str
   batch_sharded: bool
@@ -717,7 +949,7 @@ def spec_program(spec: Spec) -> Program:
   # all-gather of the weight instead).
   layers = list(spec.layers) + [("col", 64), ("act", "relu"), ("row", 32)]
   # Shapes and weights, in order.
-  width, plan, weights = D // 2, [], []       # x: (B, 32)
+  width, plan, weights = D // 2, [], []  # x: (B, 32)
   for layer in layers:
     kind = layer[0]
     if kind == "row" and width % tp:
@@ -743,27 +975,33 @@ def spec_program(spec: Spec) -> Program:
       if kind in ("col", "row"):
         x = x @ next(ws)
       elif kind == "act":
-        x = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "tanh": jnp.tanh,
-             "silu": jax.nn.silu}[layer[1]](x)
+        x = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "tanh": jnp.tanh, "silu": jax.nn.silu}[
+          layer[1]
+        ](x)
       elif kind == "const":
         n, what = layer[1], layer[2]
-        c = ((np.arange(n, dtype=np.float32) + 1) * 100.0 if what == "arange"
-             else np.sin(np.arange(n, dtype=np.float32) * 0.37) if what == "sin"
-             else np.random.default_rng(n).standard_normal(n).astype(np.float32))
+        c = (
+          (np.arange(n, dtype=np.float32) + 1) * 100.0
+          if what == "arange"
+          else np.sin(np.arange(n, dtype=np.float32) * 0.37)
+          if what == "sin"
+          else np.random.default_rng(n).standard_normal(n).astype(np.float32)
+        )
         if n > x.shape[1]:
           x = jnp.tile(x, (1, -(-n // x.shape[1])))
         x = x[:, :n] + jnp.asarray(c, x.dtype)
       elif kind == "reduce":
-        x = {"ln": layer_norm, "softmax": lambda v: jax.nn.softmax(v, axis=-1),
-             "center": lambda v: v - jnp.mean(v, axis=0, keepdims=True),
-             "scale": lambda v: v * jax.lax.rsqrt(jnp.mean(v * v, axis=-1, keepdims=True) + 1),
-             }[layer[1]](x).astype(x.dtype)
+        x = {
+          "ln": layer_norm,
+          "softmax": lambda v: jax.nn.softmax(v, axis=-1),
+          "center": lambda v: v - jnp.mean(v, axis=0, keepdims=True),
+          "scale": lambda v: v * jax.lax.rsqrt(jnp.mean(v * v, axis=-1, keepdims=True) + 1),
+        }[layer[1]](x).astype(x.dtype)
       elif kind == "gather":
         x = x + jnp.take(next(ws), ids, axis=0)
       elif kind == "reshape":
         b, w = x.shape
-        x = x.reshape(b, 2, w // 2).transpose(0, 2, 1).reshape(b, w) if w % 2 == 0 \
-            else x[:, ::-1]
+        x = x.reshape(b, 2, w // 2).transpose(0, 2, 1).reshape(b, w) if w % 2 == 0 else x[:, ::-1]
     return x
 
   def make_args():

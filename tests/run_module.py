@@ -17,17 +17,22 @@ def run_per_device(module, inputs: list[np.ndarray]) -> list[np.ndarray]:
   count = facts.num_replicas * facts.num_partitions
   devices = jax.devices()[:count]
   assignment = np.arange(count).reshape(facts.num_replicas, facts.num_partitions)
-  options = jax_backend.get_compile_options(num_replicas=facts.num_replicas,
-                                            num_partitions=facts.num_partitions,
-                                            device_assignment=assignment)
+  options = jax_backend.get_compile_options(
+    num_replicas=facts.num_replicas,
+    num_partitions=facts.num_partitions,
+    device_assignment=assignment,
+  )
   client = devices[0].client
   executable = client.compile_and_load(str(module), _jax_private.device_list(devices), options)
   # Each argument as an array "replicated" over the devices whose per-device buffers
   # hold different values: the executable reads each device's own buffer.
   mesh = jax.sharding.Mesh(np.array(devices), ("devices",))
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-  args = [jax.make_array_from_single_device_arrays(
-      x.shape[1:], replicated, [jax.device_put(x[i], d) for i, d in enumerate(devices)])
-      for x in inputs]
+  args = [
+    jax.make_array_from_single_device_arrays(
+      x.shape[1:], replicated, [jax.device_put(x[i], d) for i, d in enumerate(devices)]
+    )
+    for x in inputs
+  ]
   results = executable.execute_sharded(args).disassemble_into_single_device_arrays()
   return [np.stack([np.asarray(shard) for shard in per_device]) for per_device in results]

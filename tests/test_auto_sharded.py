@@ -22,7 +22,7 @@ from equarx_pass.examples import auto_sharded as ex
 from equarx_pass.policy import Policy
 
 MESH = ex.tp_mesh()
-ON = "--equarx_enable"        # default scheme (int8 two-shot + Hadamard 1024), min 64 KiB
+ON = "--equarx_enable"  # default scheme (int8 two-shot + Hadamard 1024), min 64 KiB
 mlp, block = ex.mlp, ex.block
 
 
@@ -31,6 +31,7 @@ def mlp_inputs(x_spec=P()):
 
 
 # --- helpers --------------------------------------------------------------------
+
 
 def shards_identical(array) -> bool:
   shards = [np.asarray(s.data).tobytes() for s in array.addressable_shards]
@@ -48,11 +49,12 @@ def f64(args):
 
 # --- tests -------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("x_spec", [P(), P("tp")], ids=["x_replicated", "x_batch_sharded"])
 def test_tp_mlp_compiler_inserted_all_reduce_is_rewritten(x_spec):
   args = mlp_inputs(x_spec=x_spec)
   plain = jax.jit(mlp)
-  assert "all_reduce" not in plain.lower(*args).as_text()    # the partitioner adds it
+  assert "all_reduce" not in plain.lower(*args).as_text()  # the partitioner adds it
   fn = equarx_pass.jit(mlp, flags=ON)
   got = fn(*args)
 
@@ -77,12 +79,13 @@ def test_tp_mlp_compiler_inserted_all_reduce_is_rewritten(x_spec):
   assert np.asarray(inline(*args)).tobytes() == np.asarray(got).tobytes()
   exact = mlp(*f64(args))
   err = relative_error(got, exact)
-  assert err > 1e-4                                          # it did quantize
+  assert err > 1e-4  # it did quantize
   # Within the scheme's own error on these operands: the NumPy model fed with
   # each device's partial product (computed here in float64, rounded to f32).
   partials = ex.mlp_partials(args)
-  model = scheme_lib.reference([p.astype(np.float32) for p in partials],
-                               Policy.from_flags(ON).scheme)[0]
+  model = scheme_lib.reference(
+    [p.astype(np.float32) for p in partials], Policy.from_flags(ON).scheme
+  )[0]
   assert err <= 1.1 * relative_error(model, exact)
 
 
@@ -96,7 +99,7 @@ def test_transformer_block_compiler_inserted_all_reduces_are_rewritten():
   [low] = fn.report.lowerings
   assert low.route == "partitioned"
   rewritten = [r for r in low.records if r.rewritten]
-  assert len(rewritten) == 2                                 # after attention, after the MLP
+  assert len(rewritten) == 2  # after attention, after the MLP
   assert all(r.shapes == ((2, 64, 256),) and r.group_size == 8 for r in rewritten)
 
   by_hand = equarx_pass.jit(ex.block_by_hand(MESH), flags=ON)
@@ -109,7 +112,7 @@ def test_transformer_block_compiler_inserted_all_reduces_are_rewritten():
   assert shards_identical(got)
   exact = np.asarray(jax.jit(block)(*[np.asarray(a) for a in args]), np.float64)
   err = relative_error(got, exact)
-  assert 1e-5 < err < 1e-2, err      # the residual stream dominates the quantized parts
+  assert 1e-5 < err < 1e-2, err  # the residual stream dominates the quantized parts
 
 
 def test_off_and_explicit_psum_keep_the_lowered_route():
@@ -146,6 +149,7 @@ def test_aot_stages_and_output_sharding_of_a_sharded_result():
   # Output left sharded on columns: the rebuilt module must keep that sharding.
   def up(x, w1, w2):
     return jax.nn.relu(mlp(x, w1, w2) @ w1)
+
   args = mlp_inputs()
   fn = equarx_pass.jit(up, flags=ON)
   compiled = fn.lower(*args).compile()
@@ -158,6 +162,7 @@ def test_aot_stages_and_output_sharding_of_a_sharded_result():
 
 def test_sdy_sharding_text():
   from equarx_pass import match
+
   mesh = match.Mesh(("tp",), (8,), tuple(range(8)))
   text = partitioned.sdy_sharding_text(NamedSharding(MESH, P(None, "tp")), "mesh", mesh, 3)
   assert text == '#sdy.sharding<@mesh, [{}, {"tp"}, {}]>'
@@ -171,6 +176,7 @@ def test_small_site_skipped_next_to_a_rewritten_one():
   # --equarx_min_bytes): the skipped one keeps plain jax.jit's bits.
   def two(x, w1, w2):
     return mlp(x, w1, w2), mlp(x[:8], w1, w2)
+
   args = mlp_inputs()
   fn = equarx_pass.jit(two, flags=ON)
   big, small = fn(*args)
@@ -209,6 +215,7 @@ def test_auto_falls_back_to_plain_jit_with_the_reason(monkeypatch):
   # jax.jit (same bits) and the report says why; `on` raises instead.
   def refuse(lowered, policy):
     raise partitioned.NotPartitionable("a reason the route gives")
+
   monkeypatch.setattr(partitioned, "rewrite_partitioned", refuse)
   args = mlp_inputs()
   fn = equarx_pass.jit(mlp, flags=ON)
@@ -224,19 +231,23 @@ def test_auto_falls_back_to_plain_jit_with_the_reason(monkeypatch):
 
 # --- device order of the partitioned program's meshes ------------------------------
 
+
 @pytest.mark.parametrize("shape", [(2, 1, 4), (1, 2, 4), (4, 1, 2)])
 def test_mesh_device_order_survives_the_round_trip(shape):
   """An embedding lookup over a table sharded on the minor mesh axis: XLA writes the
   all-reduce's groups over a mesh whose device ids are transposed, and the conversion
   to StableHLO drops those ids; the route puts them back (else the groups are the
   wrong devices and the result is wrong with no error)."""
-  mesh = jax.make_mesh(shape, ("data", "fsdp", "tensor"),
-                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  mesh = jax.make_mesh(
+    shape, ("data", "fsdp", "tensor"), axis_types=(jax.sharding.AxisType.Auto,) * 3
+  )
   rng = np.random.default_rng(0)
-  table = jax.device_put(rng.normal(size=(512, 128)).astype(np.float32),
-                         NamedSharding(mesh, P("tensor", None)))
-  ids = jax.device_put(rng.integers(0, 512, (8, 64)).astype(np.int32),
-                       NamedSharding(mesh, P("data")))
+  table = jax.device_put(
+    rng.normal(size=(512, 128)).astype(np.float32), NamedSharding(mesh, P("tensor", None))
+  )
+  ids = jax.device_put(
+    rng.integers(0, 512, (8, 64)).astype(np.int32), NamedSharding(mesh, P("data"))
+  )
   f = lambda t, i: t[i]
   want = np.asarray(jax.jit(f)(table, ids))
   same = equarx_pass.jit(f, flags="--equarx_enable --equarx_min_bytes=0 --equarx_identity")
@@ -247,11 +258,13 @@ def test_mesh_device_order_survives_the_round_trip(shape):
 
 
 def test_mesh_device_ids_forms():
-  text = ("all-reduce(%x), replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], "
-          "device_ids=([2,4]T(1,0)) {'axis_0'}, to_apply=%add\n"
-          "all-reduce(%y), replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], "
-          "device_ids=([2,4]T(1,0)) {'axis_2'}, to_apply=%add\n"
-          "all-reduce(%z), replica_groups=mesh['a'=2,'b'=2] {'a'}, to_apply=%add\n")
+  text = (
+    "all-reduce(%x), replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], "
+    "device_ids=([2,4]T(1,0)) {'axis_0'}, to_apply=%add\n"
+    "all-reduce(%y), replica_groups=mesh['axis_0'=4,'axis_1'=1,'axis_2'=2], "
+    "device_ids=([2,4]T(1,0)) {'axis_2'}, to_apply=%add\n"
+    "all-reduce(%z), replica_groups=mesh['a'=2,'b'=2] {'a'}, to_apply=%add\n"
+  )
   ids = partitioned.mesh_device_ids(text)
   assert ids[(("axis_0", 4), ("axis_1", 1), ("axis_2", 2))] == (0, 4, 1, 5, 2, 6, 3, 7)
   assert ids[(("a", 2), ("b", 2))] == (0, 1, 2, 3)

@@ -34,7 +34,7 @@ def _draw(rng, shape, hot=(3, 77)):
 def _model(x, entry, group, out_dtype=None, clip=0.0):
   """The model's results for the devices of `group` (ids into x's first axis)."""
   scales = entry.group_scales(group, entry.outliers(), clip)
-  return outlier.reference([x[d:d + 1] for d in group], scales, out_dtype)
+  return outlier.reference([x[d : d + 1] for d in group], scales, out_dtype)
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +45,7 @@ def one_group(tmp_path_factory):
   rng = np.random.default_rng(0)
   batches = [_draw(rng, (8, 40, 256)) for _ in range(3)]
   path = str(tmp_path_factory.mktemp("cal") / "one_group.json")
-  calib = equarx_pass.calibrate(program, batches, path=path, flags="--equarx_min_bytes=0",
-                                ema=0.75)
+  calib = equarx_pass.calibrate(program, batches, path=path, flags="--equarx_min_bytes=0", ema=0.75)
   return program, batches, path, calib, rng
 
 
@@ -60,8 +59,9 @@ def test_calibrate_records_numpy_ranges(one_group):
   for x in batches:
     expected_in = outlier.ema_update(expected_in, np.abs(x).max(axis=1), 0.75)
     total = x.sum(axis=0, dtype=np.float32)
-    expected_out = outlier.ema_update(expected_out,
-                                      np.tile(np.abs(total).max(axis=0), (8, 1)), 0.75)
+    expected_out = outlier.ema_update(
+      expected_out, np.tile(np.abs(total).max(axis=0), (8, 1)), 0.75
+    )
     expected_ms = outlier.ema_update(expected_ms, (x.astype(np.float64) ** 2).mean(axis=1), 0.75)
   # The operand's absmax is exact; the result's depends on XLA's order of adds.
   np.testing.assert_array_equal(entry.stats["in_range"], expected_in)
@@ -74,8 +74,9 @@ def test_calibrate_records_numpy_ranges(one_group):
 @pytest.mark.parametrize("clip", [0.0, 2.55])
 def test_calibrated_equals_model_bit_for_bit(one_group, clip):
   program, _, path, calib, rng = one_group
-  fn = equarx_pass.jit(program, flags=f"{ON} --equarx_calibration={path} "
-                       f"--equarx_calibration_clip={clip}")
+  fn = equarx_pass.jit(
+    program, flags=f"{ON} --equarx_calibration={path} --equarx_calibration_clip={clip}"
+  )
   x = _draw(rng, (8, 1, 40, 256))[:, 0]
   out = np.asarray(fn(x))
   (record,) = fn.report.records
@@ -109,7 +110,7 @@ def test_calibrated_subgroups_bf16(axis, shape, tmp_path):
   assert out.dtype == jnp.bfloat16
   assert fn.report.records[0].reason.startswith("calibrated")
   ids = np.arange(8).reshape(2, 4)
-  for group in (ids if axis == "tp" else ids.T):
+  for group in ids if axis == "tp" else ids.T:
     model = _model(x, calib.sites[0], tuple(int(d) for d in group), jnp.bfloat16)
     for pos, d in enumerate(group):
       np.testing.assert_array_equal(out[d], model[pos][0], err_msg=f"device {d}")
@@ -140,12 +141,12 @@ def test_zero_saturation_and_nonfinite(one_group):
   hot = calib.sites[0].outliers()
   cold = [f for f in range(256) if f not in hot][:4]
   x = _draw(rng, (8, 40, 256))
-  x[:, :8, :] = 0.0                       # whole rows of zeros
-  x[:, 8, cold[0]] = 1e6                  # far beyond the calibrated range: saturates
-  x[2, 10, cold[1]] = np.nan              # NaN in an int4 feature
-  x[5, 11, cold[2]] = np.inf              # Inf in an int4 feature
+  x[:, :8, :] = 0.0  # whole rows of zeros
+  x[:, 8, cold[0]] = 1e6  # far beyond the calibrated range: saturates
+  x[2, 10, cold[1]] = np.nan  # NaN in an int4 feature
+  x[5, 11, cold[2]] = np.inf  # Inf in an int4 feature
   x[1, 12, cold[3]] = -np.inf
-  x[6, 13, hot[0]] = np.inf               # Inf in a bf16 feature
+  x[6, 13, hot[0]] = np.inf  # Inf in a bf16 feature
   x[4, 14, hot[1]] = np.nan
   out = np.asarray(fn(x))
   model = _model(x, calib.sites[0], tuple(range(8)))
@@ -171,20 +172,22 @@ def test_fallback_when_not_calibrated(one_group, tmp_path):
 
   def two_sums(x):
     return jax.lax.psum(jax.lax.psum(x, "tp") * 0.5, "tp")
+
   two = jax.shard_map(two_sums, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"))
   fn = equarx_pass.jit(two, flags=f"{ON} --equarx_calibration={path}")
   fn(_draw(rng, (8, 40, 256)))
   first, second = fn.report.records
   assert first.rewritten and second.rewritten
-  assert "not calibrated" in first.reason and "is at" in first.reason   # other location
+  assert "not calibrated" in first.reason and "is at" in first.reason  # other location
   assert "site #1 is not in the calibration file" in second.reason
   assert second.reason.startswith(Policy().scheme.describe())
 
   fn = equarx_pass.jit(program, flags=f"{ON} --equarx_calibration={path}")
   fn(_draw(rng, (8, 24, 128)))
   (record,) = fn.report.records
-  assert "not calibrated: shape 1x24x128 f32 differs from the calibrated 1x40x256 f32" \
-      in record.reason
+  assert (
+    "not calibrated: shape 1x24x128 f32 differs from the calibrated 1x40x256 f32" in record.reason
+  )
 
 
 def test_other_rows_and_several_signatures(one_group, tmp_path):
@@ -214,7 +217,9 @@ def test_loop_sites_are_unobserved_and_fall_back(tmp_path):
   def body(x):
     def step(carry, _):
       return carry + jax.lax.psum(carry, "tp") * 0.125, None
+
     return jax.lax.scan(step, x, None, length=2)[0]
+
   program = jax.shard_map(body, mesh=mesh, in_specs=P("tp"), out_specs=P("tp"))
   x = np.ones((8, 16, 128), np.float32)
   path = str(tmp_path / "cal.json")
@@ -225,29 +230,35 @@ def test_loop_sites_are_unobserved_and_fall_back(tmp_path):
   assert "not in the calibration file" in fn.report.records[0].reason
 
 
-@pytest.mark.parametrize("content, message", [
+@pytest.mark.parametrize(
+  "content, message",
+  [
     (None, "cannot read the calibration file"),
     ("{not json", "bad JSON"),
     ('{"format": "something else"}', "not a calibration file"),
     ('{"format": "equarx-calibration", "version": 99}', "version 99"),
-    ('{"format": "equarx-calibration", "version": 1, "ema": 0.9, "batches": 1, '
-     '"sites": [{"index": 0}]}', "missing field"),
-])
+    (
+      '{"format": "equarx-calibration", "version": 1, "ema": 0.9, "batches": 1, '
+      '"sites": [{"index": 0}]}',
+      "missing field",
+    ),
+  ],
+)
 def test_bad_calibration_file(content, message, tmp_path):
   path = tmp_path / "bad calibration.json"
   if content is not None:
     path.write_text(content)
   mesh = Mesh(np.array(jax.devices()), ("tp",))
-  fn = equarx_pass.jit(psum_program(mesh, "tp"),
-                       flags=f"{ON} '--equarx_calibration={path}'")
+  fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=f"{ON} '--equarx_calibration={path}'")
   with pytest.raises(ParseError) as info:
     fn(np.ones((8, 4, 128), np.float32))
   assert str(path) in str(info.value) and message in str(info.value)
 
 
 def test_calibration_flags_round_trip():
-  policy = Policy.from_flags("--equarx_enable '--equarx_calibration=/tmp/a b.json' "
-                             "--equarx_calibration_clip=2.55")
+  policy = Policy.from_flags(
+    "--equarx_enable '--equarx_calibration=/tmp/a b.json' --equarx_calibration_clip=2.55"
+  )
   assert policy.calibration == "/tmp/a b.json" and policy.calibration_clip == 2.55
   assert Policy.from_flags(policy.to_flags()) == policy
   with pytest.raises(equarx_pass.FlagError, match="calibration_clip"):

@@ -16,8 +16,13 @@ ENV.pop("EQUARX_FLAGS", None)
 
 
 def equarx_opt(*args, env=None):
-  return subprocess.run([sys.executable, "-m", "equarx_pass.cli", *map(str, args)],
-                        capture_output=True, text=True, env=env or ENV, timeout=300)
+  return subprocess.run(
+    [sys.executable, "-m", "equarx_pass.cli", *map(str, args)],
+    capture_output=True,
+    text=True,
+    env=env or ENV,
+    timeout=300,
+  )
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +32,15 @@ def mlp_mlir(tmp_path_factory):
 
   def mlp(x, w1, w2):
     return jax.lax.psum(jax.nn.relu(x @ w1) @ w2, "tp")
-  f = jax.jit(jax.shard_map(mlp, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp", None)),
-                            out_specs=P()))
-  args = (jax.ShapeDtypeStruct((64, 256), np.float32),
-          jax.ShapeDtypeStruct((256, 1024), np.float32),
-          jax.ShapeDtypeStruct((1024, 256), np.float32))
+
+  f = jax.jit(
+    jax.shard_map(mlp, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp", None)), out_specs=P())
+  )
+  args = (
+    jax.ShapeDtypeStruct((64, 256), np.float32),
+    jax.ShapeDtypeStruct((256, 1024), np.float32),
+    jax.ShapeDtypeStruct((1024, 256), np.float32),
+  )
   path = tmp_path_factory.mktemp("in") / "mlp.mlir"
   path.write_text(f.lower(*args).as_text(debug_info=True))
   return path
@@ -79,13 +88,17 @@ def test_env_flags_then_command_line(mlp_mlir, tmp_path):
 
 
 BAD_INPUTS = {
-    "empty.mlir": (b"", "empty input"),
-    "junk.bin": (bytes(range(256)) * 4, "neither MLIR bytecode nor UTF-8"),
-    "garbled.mlir": (b"module {\n  func.func @f() {\n    %0 = stablehlo.bogus\n  }\n}\n",
-                     "garbled.mlir:3:"),
-    "unrelated.mlir": (b"module {\n  llvm.func @f() {\n    llvm.return\n  }\n}\n", "unrelated.mlir"),
-    "bad_hlo.txt": (b"HloModule m\n\nENTRY e {\n  p = f32[2] parameter(0)\n  ROOT r = f32[2] bogus(p)\n}\n",
-                    "bad_hlo.txt:5:"),
+  "empty.mlir": (b"", "empty input"),
+  "junk.bin": (bytes(range(256)) * 4, "neither MLIR bytecode nor UTF-8"),
+  "garbled.mlir": (
+    b"module {\n  func.func @f() {\n    %0 = stablehlo.bogus\n  }\n}\n",
+    "garbled.mlir:3:",
+  ),
+  "unrelated.mlir": (b"module {\n  llvm.func @f() {\n    llvm.return\n  }\n}\n", "unrelated.mlir"),
+  "bad_hlo.txt": (
+    b"HloModule m\n\nENTRY e {\n  p = f32[2] parameter(0)\n  ROOT r = f32[2] bogus(p)\n}\n",
+    "bad_hlo.txt:5:",
+  ),
 }
 
 
@@ -102,7 +115,7 @@ def test_bad_input_exits_2_and_writes_nothing(name, tmp_path):
   assert "Traceback" not in proc.stderr
   assert not out.exists()
   assert src.read_bytes() == data
-  assert [p.name for p in tmp_path.iterdir()] == [name]   # no temporary left behind
+  assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary left behind
 
 
 def test_missing_input(tmp_path):
@@ -125,12 +138,15 @@ def test_refuses_to_overwrite_input(mlp_mlir):
   assert mlp_mlir.read_bytes() == before
 
 
-@pytest.mark.parametrize("flag,message", [
+@pytest.mark.parametrize(
+  "flag,message",
+  [
     ("--equarx_bogus=1", "Unknown command line flag 'equarx_bogus'"),
     ("--equarx_block_size=abc", "--equarx_block_size takes an integer, got 'abc'"),
     ("--equarx_format=int3", "--equarx_format must be one of"),
     ("--equarx_dtypes=f64", "--equarx_dtypes takes a comma list"),
-])
+  ],
+)
 def test_bad_flags_exit_2(mlp_mlir, tmp_path, flag, message):
   out = tmp_path / "out.mlir"
   proc = equarx_opt(mlp_mlir, "-o", out, flag)
@@ -156,8 +172,9 @@ def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   # and an all-gather; the TPU compiler turns the all-gather of the tiny f32 scales
   # (4 per rank here) into an all-reduce, the only one left.
   assert "2 s8 collectives" in proc.stdout and "1 all-reduces left" in proc.stdout
-  flat = equarx_opt(mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1",
-                    "--equarx_platform=cpu")
+  flat = equarx_opt(
+    mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1", "--equarx_platform=cpu"
+  )
   assert flat.returncode == 0 and "0 all-reduces left" in flat.stdout, flat.stdout
 
 
@@ -174,9 +191,10 @@ def test_compile_for_wrong_topology_size(mlp_mlir, tmp_path):
 def test_decorator_compile_for_tpu_topology():
   """equarx_pass.jit with --equarx_compile_for also compiles the rewritten module for TPU."""
   mesh = Mesh(np.array(jax.devices()), ("tp",))
-  f = equarx_pass.jit(jax.shard_map(lambda x: jax.lax.psum(x, "tp"), mesh=mesh,
-                                    in_specs=P("tp"), out_specs=P("tp")),
-                      flags="--equarx_enable --equarx_compile_for=tpu:v4:2x2x1")
+  f = equarx_pass.jit(
+    jax.shard_map(lambda x: jax.lax.psum(x, "tp"), mesh=mesh, in_specs=P("tp"), out_specs=P("tp")),
+    flags="--equarx_enable --equarx_compile_for=tpu:v4:2x2x1",
+  )
   f.lower(jax.ShapeDtypeStruct((8, 32768), np.float32))
   tpu = f.report.lowerings[-1].tpu
   assert tpu is not None and tpu.target == "tpu:v4:2x2x1" and tpu.num_devices == 8

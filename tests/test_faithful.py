@@ -50,6 +50,7 @@ def check_route(prog, fn):
 
 # --- the corpus, bit for bit -----------------------------------------------------------
 
+
 @pytest.mark.parametrize("prog", CORPUS, ids=lambda p: p.name)
 def test_identity_is_bit_identical_to_jax_jit(prog):
   pair = run_pair(prog, IDENTITY)
@@ -62,9 +63,18 @@ def test_identity_is_bit_identical_to_jax_jit(prog):
     assert any(plain) and ours == plain, (ours, plain)
 
 
-OUTLINED = ["psum_mlp_constants", "psum_in_scan", "psum_pytree_mixed_dtypes",
-            "psum_2d_mesh_sub_axis", "psum_mlp_partitioned_on", "pos_embed_11",
-            "scan_over_layers", "while_cond_switch", "bf16_f32_mix", "tp_attention_dp_batch"]
+OUTLINED = [
+  "psum_mlp_constants",
+  "psum_in_scan",
+  "psum_pytree_mixed_dtypes",
+  "psum_2d_mesh_sub_axis",
+  "psum_mlp_partitioned_on",
+  "pos_embed_11",
+  "scan_over_layers",
+  "while_cond_switch",
+  "bf16_f32_mix",
+  "tp_attention_dp_batch",
+]
 
 
 @pytest.mark.parametrize("outline", ["on", "off"])
@@ -86,30 +96,38 @@ def test_aot_stages_are_bit_identical():
   compiled = fn.lower(*prog.make_args()).compile()
   want = jax.jit(prog.fn, **prog.jit_kwargs)(*prog.make_args())
   assert_same(compiled(*prog.make_args()), want, prog.name)
-  assert_same(fn(*prog.make_args()), want, prog.name)       # the cached executable
+  assert_same(fn(*prog.make_args()), want, prog.name)  # the cached executable
   assert len(fn.report.lowerings) == 1
 
 
 # --- drawn programs --------------------------------------------------------------------
 
 LAYER = st.one_of(
-    st.tuples(st.just("col"), st.sampled_from([8, 16, 32, 64, 128])),
-    st.tuples(st.just("row"), st.sampled_from([8, 24, 32, 40, 64])),
-    st.tuples(st.just("act"), st.sampled_from(["relu", "gelu", "tanh", "silu"])),
-    st.tuples(st.just("const"), st.integers(1, 300), st.sampled_from(["arange", "sin", "normal"])),
-    st.tuples(st.just("reduce"), st.sampled_from(["ln", "softmax", "center", "scale"])),
-    st.tuples(st.just("gather"), st.sampled_from([8, 16, 64])),
-    st.tuples(st.just("reshape")),
+  st.tuples(st.just("col"), st.sampled_from([8, 16, 32, 64, 128])),
+  st.tuples(st.just("row"), st.sampled_from([8, 24, 32, 40, 64])),
+  st.tuples(st.just("act"), st.sampled_from(["relu", "gelu", "tanh", "silu"])),
+  st.tuples(st.just("const"), st.integers(1, 300), st.sampled_from(["arange", "sin", "normal"])),
+  st.tuples(st.just("reduce"), st.sampled_from(["ln", "softmax", "center", "scale"])),
+  st.tuples(st.just("gather"), st.sampled_from([8, 16, 64])),
+  st.tuples(st.just("reshape")),
 )
-SPECS = st.builds(programs.Spec, mesh=st.sampled_from(sorted(programs.MESHES)),
-                  dtype=st.sampled_from(["f32", "bf16"]), batch_sharded=st.booleans(),
-                  layers=st.lists(LAYER, min_size=1, max_size=6).map(tuple))
+SPECS = st.builds(
+  programs.Spec,
+  mesh=st.sampled_from(sorted(programs.MESHES)),
+  dtype=st.sampled_from(["f32", "bf16"]),
+  batch_sharded=st.booleans(),
+  layers=st.lists(LAYER, min_size=1, max_size=6).map(tuple),
+)
 
 
 # No shrinking: each example compiles three programs (~1 s here), and shrinking a
 # failure would run hundreds; the failing Spec is printed as drawn.
-@settings(max_examples=25, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(
+  max_examples=25,
+  deadline=None,
+  phases=[Phase.explicit, Phase.reuse, Phase.generate],
+  suppress_health_check=[HealthCheck.too_slow],
+)
 @given(spec=SPECS)
 def test_drawn_programs_are_bit_identical(spec):
   prog = programs.spec_program(spec)
@@ -124,9 +142,17 @@ def test_drawn_programs_are_bit_identical(spec):
 # Hadamard 1024 on the partial sums; measured at most 1.3e-2).  Others of the corpus
 # come out at 2e-2 .. 4e-2, the scheme's own error on such small tensors (see
 # test_quantized_constant_table_program_is_the_scheme_model).
-NUMERIC = ["tp_attention_rope_causal", "tp_attention_dp_batch", "megatron_mlp_dp_tp_2x4",
-           "scan_over_layers", "train_step_adam", "pos_embed_3", "psum_mlp_constants",
-           "psum_2d_mesh_sub_axis", "sharded_reshape_transpose"]
+NUMERIC = [
+  "tp_attention_rope_causal",
+  "tp_attention_dp_batch",
+  "megatron_mlp_dp_tp_2x4",
+  "scan_over_layers",
+  "train_step_adam",
+  "pos_embed_3",
+  "psum_mlp_constants",
+  "psum_2d_mesh_sub_axis",
+  "sharded_reshape_transpose",
+]
 
 
 @pytest.mark.parametrize("name", NUMERIC)
@@ -146,6 +172,7 @@ def test_quantized_constant_table_program_is_the_scheme_model():
   # device's partial product, to f32 rounding.
   from equarx_pass import scheme as scheme_lib
   from equarx_pass.policy import Policy
+
   prog = BY_NAME["pos_embed_257"]
   got, _, fn = run_pair(prog, QUANTIZED)
   check_route(prog, fn)
@@ -153,8 +180,12 @@ def test_quantized_constant_table_program_is_the_scheme_model():
   pe = programs.sinusoidal(257, programs.D)
   h = x[:257] + pe
   cols = w1.shape[1] // 8
-  partials = [(np.maximum(h @ w1[:, r * cols:(r + 1) * cols], 0)
-               @ w2[r * cols:(r + 1) * cols]).astype(np.float32) for r in range(8)]
+  partials = [
+    (np.maximum(h @ w1[:, r * cols : (r + 1) * cols], 0) @ w2[r * cols : (r + 1) * cols]).astype(
+      np.float32
+    )
+    for r in range(8)
+  ]
   model = scheme_lib.reference(partials, Policy.from_flags(QUANTIZED).scheme)[0]
   np.testing.assert_allclose(np.asarray(got) - pe, model, rtol=0, atol=1e-5)
 
@@ -182,8 +213,9 @@ def test_issue_constant_table_case(n, partitioned):
   assert 0 < err <= 2e-2, err
   # The constant itself survives: the output minus the rest is c, to quantization error.
   rest = np.asarray(jax.jit(lambda *a: (jax.nn.relu(a[0] @ a[1]) @ a[2])[:, :n])(*args))
-  np.testing.assert_allclose(np.asarray(got) - rest, np.broadcast_to(c, rest.shape),
-                             rtol=2e-2, atol=0.5)
+  np.testing.assert_allclose(
+    np.asarray(got) - rest, np.broadcast_to(c, rest.shape), rtol=2e-2, atol=0.5
+  )
   ident = equarx_pass.jit(f, flags=f"{IDENTITY} --equarx_partitioned={partitioned}")
   assert_same(ident(*args), want, f"n={n}")
 

@@ -34,8 +34,11 @@ def test_check_in_order():
 
 
 def test_check_out_of_order_fails():
-  fails("// CHECK: stablehlo.while\n// CHECK: collective_permute",
-        "t.check:2: CHECK: collective_permute", "no match at or after output line 6")
+  fails(
+    "// CHECK: stablehlo.while\n// CHECK: collective_permute",
+    "t.check:2: CHECK: collective_permute",
+    "no match at or after output line 6",
+  )
 
 
 def test_check_missing_text_fails():
@@ -48,11 +51,16 @@ def test_two_checks_cannot_share_one_match():
 
 
 def test_next():
-  ok("// CHECK: %0 = stablehlo.add\n// CHECK-NEXT: collective_permute\n"
-     "// CHECK-NEXT: %2 = stablehlo.add")
-  message = fails("// CHECK: %0 = stablehlo.add\n// CHECK-NEXT: %2 = stablehlo.add",
-                  "CHECK-NEXT: %2 = stablehlo.add", "not on the line after")
-  assert ">     3 |" in message                 # the line where it was expected is marked
+  ok(
+    "// CHECK: %0 = stablehlo.add\n// CHECK-NEXT: collective_permute\n"
+    "// CHECK-NEXT: %2 = stablehlo.add"
+  )
+  message = fails(
+    "// CHECK: %0 = stablehlo.add\n// CHECK-NEXT: %2 = stablehlo.add",
+    "CHECK-NEXT: %2 = stablehlo.add",
+    "not on the line after",
+  )
+  assert ">     3 |" in message  # the line where it was expected is marked
 
 
 def test_same():
@@ -64,8 +72,11 @@ def test_same():
 
 def test_not_between_matches():
   ok("// CHECK: %0 = \n// CHECK-NOT: stablehlo.while\n// CHECK: %2 = ")
-  fails("// CHECK: %0 = \n// CHECK-NOT: collective_permute\n// CHECK: %2 = ",
-        "t.check:2: CHECK-NOT: collective_permute", "forbidden text found on output line 3")
+  fails(
+    "// CHECK: %0 = \n// CHECK-NOT: collective_permute\n// CHECK: %2 = ",
+    "t.check:2: CHECK-NOT: collective_permute",
+    "forbidden text found on output line 3",
+  )
 
 
 def test_not_at_start_and_end():
@@ -89,19 +100,23 @@ def test_count():
 
 
 def test_label_confines_checks_to_its_section():
-  ok("// CHECK-LABEL: module @m\n// CHECK: collective_permute\n"
-     "// CHECK-LABEL: @second\n// CHECK-COUNT-2: while")
+  ok(
+    "// CHECK-LABEL: module @m\n// CHECK: collective_permute\n"
+    "// CHECK-LABEL: @second\n// CHECK-COUNT-2: while"
+  )
   # The permute is before the label, so the section after it does not have one.
-  fails("// CHECK-LABEL: module @m\n// CHECK-LABEL: @second\n// CHECK: collective_permute",
-        "t.check:3")
+  fails(
+    "// CHECK-LABEL: module @m\n// CHECK-LABEL: @second\n// CHECK: collective_permute", "t.check:3"
+  )
   # And a section ends where the next label matched.
-  fails("// CHECK-LABEL: module @m\n// CHECK: while\n// CHECK-LABEL: @second",
-        "t.check:2: CHECK: while")
+  fails(
+    "// CHECK-LABEL: module @m\n// CHECK: while\n// CHECK-LABEL: @second", "t.check:2: CHECK: while"
+  )
   fails("// CHECK-LABEL: @nothing_like_this", "CHECK-LABEL")
 
 
 def test_regex_blocks_and_literal_text():
-  ok("// CHECK: %{{[0-9]+}} = \"stablehlo.collective_permute\"({{.*}}) <{handle = {{[1-9]}}}>")
+  ok('// CHECK: %{{[0-9]+}} = "stablehlo.collective_permute"({{.*}}) <{handle = {{[1-9]}}}>')
   fails("// CHECK: handle = {{[0-6]}}}>")
   # Outside {{ }} every character is literal.
   fails("// CHECK: stablehlo.ad.")
@@ -111,14 +126,18 @@ def test_regex_blocks_and_literal_text():
 def test_blank_runs_match_any_blanks():
   ok("// CHECK: %0   =    stablehlo.add")
   fails("// CHECK: %0=stablehlo.add")
-  fails("// CHECK: stable hlo.add")          # a blank in the pattern needs one in the output
+  fails("// CHECK: stable hlo.add")  # a blank in the pattern needs one in the output
 
 
 def test_variables():
-  ok("// CHECK: %[[P:[0-9]+]] = \"stablehlo.collective_permute\"\n"
-     "// CHECK-NEXT: stablehlo.add %[[P]], %[[P]]")
-  fails("// CHECK: %[[P:[0-9]+]] = stablehlo.add\n// CHECK: stablehlo.add %[[P]], %[[P]]",
-        "stablehlo.add %[[P]]")
+  ok(
+    '// CHECK: %[[P:[0-9]+]] = "stablehlo.collective_permute"\n'
+    "// CHECK-NEXT: stablehlo.add %[[P]], %[[P]]"
+  )
+  fails(
+    "// CHECK: %[[P:[0-9]+]] = stablehlo.add\n// CHECK: stablehlo.add %[[P]], %[[P]]",
+    "stablehlo.add %[[P]]",
+  )
   fails("// CHECK: %[[Q]] = ", "uses [[Q]] before any check defines it")
 
 

@@ -61,13 +61,15 @@ NAMES = sorted(MANIFEST)
 
 # What `equarx-opt --equarx_enable --equarx_min_bytes=0` runs with (cli.py:
 # Policy(enable=True), then $EQUARX_FLAGS, which tests leave unset, then the flags).
-POLICY = policy_lib.apply_flags(policy_lib.Policy(enable=True),
-                                "--equarx_enable --equarx_min_bytes=0")
+POLICY = policy_lib.apply_flags(
+  policy_lib.Policy(enable=True), "--equarx_enable --equarx_min_bytes=0"
+)
 
-TAG = "equarx_test.uses"       # discardable attribute: which all-reduce results an op uses
+TAG = "equarx_test.uses"  # discardable attribute: which all-reduce results an op uses
 
 
 # --- the pipeline, once per module ---------------------------------------------
+
 
 class Outcome:
   """What the pipeline made of one module."""
@@ -79,9 +81,9 @@ class Outcome:
       self.data = f.read()
     self.text = self.data.decode()
     self.error: BaseException | None = None
-    self.input: ir.Module | None = None        # parsed, device counts set, users tagged
+    self.input: ir.Module | None = None  # parsed, device counts set, users tagged
     self.result: rewrite.RewriteResult | None = None
-    self.expected_types: dict[str, str] = {}   # tag -> the type the user saw
+    self.expected_types: dict[str, str] = {}  # tag -> the type the user saw
     self.signatures: dict[str, str] = {}
     self.output_text: str | None = None
 
@@ -109,8 +111,11 @@ def _tag_users(module: ir.Module) -> dict[str, str]:
           user = use.owner
           key = f"{index}:{r}:{use.operand_number}"
           expected[key] = str(result.type)
-          old = [ir.StringAttr(a).value for a in ir.ArrayAttr(user.attributes[TAG])] \
-              if TAG in user.attributes else []
+          old = (
+            [ir.StringAttr(a).value for a in ir.ArrayAttr(user.attributes[TAG])]
+            if TAG in user.attributes
+            else []
+          )
           user.attributes[TAG] = ir.ArrayAttr.get([ir.StringAttr.get(k) for k in old + [key]])
   return expected
 
@@ -142,6 +147,7 @@ def run_pipeline(name: str) -> Outcome:
 
 # --- expected sites ------------------------------------------------------------
 
+
 def expected_sites(outcome: Outcome) -> list[tuple[str, str]]:
   """(form, key) of each all-reduce in the input text: key is the HLO instruction
   name, or the MLIR line."""
@@ -171,6 +177,7 @@ def _summary(records) -> str:
 
 # --- the tests -----------------------------------------------------------------
 
+
 def _check_error(outcome: Outcome) -> None:
   e = outcome.error
   if e is None:
@@ -180,12 +187,14 @@ def _check_error(outcome: Outcome) -> None:
     raise AssertionError(f"{where}: unexpected {type(e).__name__}: {e}") from e
   message = str(e)
   assert "\n" not in message.strip(), (
-      f"{where}: {type(e).__name__} message is {len(message.splitlines())} lines, "
-      f"not one: {message[:300]!r}")
+    f"{where}: {type(e).__name__} message is {len(message.splitlines())} lines, "
+    f"not one: {message[:300]!r}"
+  )
   assert not isinstance(e, VerifyError), f"{where}: the rewrite made an invalid module: {message}"
   if isinstance(e, ParseError):
     assert "the file is corrupted" not in message, (
-        f"{where}: an upstream test module called corrupted: {message}")
+      f"{where}: an upstream test module called corrupted: {message}"
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -193,7 +202,7 @@ def test_pipeline(name):
   outcome = run_pipeline(name)
   _check_error(outcome)
   if outcome.error is not None:
-    return      # rejected with one line, as a bad input should be
+    return  # rejected with one line, as a bad input should be
   result = outcome.result
   where = f"{name} ({outcome.entry['path']}:{outcome.entry['line']})"
 
@@ -211,8 +220,9 @@ def test_pipeline(name):
     assert r.decision == "rewritten" or r.reason, f"{where}: skipped without a reason: {r}"
   forms = collections.Counter(form for form, _ in sites)
   assert len(records) == len(sites), (
-      f"{where}: {len(sites)} all-reduces in the input ({dict(forms)}), "
-      f"{len(records)} site records: {_summary(records)[:400]}")
+    f"{where}: {len(sites)} all-reduces in the input ({dict(forms)}), "
+    f"{len(records)} site records: {_summary(records)[:400]}"
+  )
   # Where the records' locations name the input's all-reduces (MLIR: the line, as
   # parsed; HLO: the instruction name, as converted), each must be named once.  Some
   # locations name something else (HLO metadata, a converted text's lines); then the
@@ -221,8 +231,10 @@ def test_pipeline(name):
   want = collections.Counter(key for _, key in sites)
   if None not in keys and set(keys) <= set(want):
     got = collections.Counter(keys)
-    assert got == want, (f"{where}: records at {dict(got)} vs all-reduces in the input at "
-                         f"{dict(want)}: {_summary(records)[:400]}")
+    assert got == want, (
+      f"{where}: records at {dict(got)} vs all-reduces in the input at "
+      f"{dict(want)}: {_summary(records)[:400]}"
+    )
 
   # Rewritten sites keep their result types, seen from every user.
   seen = {}
@@ -235,9 +247,10 @@ def test_pipeline(name):
     if key in seen:
       index = int(key.split(":")[0])
       assert seen[key] == want, (
-          f"{where}: all-reduce #{index} ({records[index].decision}, "
-          f"{','.join(records[index].dtypes)}) had result type {want}; its user now gets "
-          f"{seen[key]}")
+        f"{where}: all-reduce #{index} ({records[index].decision}, "
+        f"{','.join(records[index].dtypes)}) had result type {want}; its user now gets "
+        f"{seen[key]}"
+      )
   after = _signatures(result.module)
   for fname, sig in outcome.signatures.items():
     assert after.get(fname) == sig, f"{where}: @{fname} was {sig}, now {after.get(fname)}"
@@ -256,12 +269,13 @@ def test_corpus_covers_every_form():
 # --- numeric: original vs rewritten on the CPU devices -------------------------
 
 _NOT_RUNNABLE = re.compile(
-    r'custom[-_]call|sdy\.|infeed|outfeed|\bsend\b|\brecv\b|send-done|recv-done|'
-    r'rng|token|dynamic|\?x|stablehlo\.async|partition_id|partition-id|replica-id|'
-    r'replica_id|after-all|domain|collective-permute|collective_permute|'
-    r'all-to-all|all_to_all|sharding|fusion|tuple|while|conditional|case|call\(|'
-    r'c64|c128|complex|f8|f4|s4|u4|i4|ui4|opt-barrier|optimization_barrier|bitcast|'
-    r'copy-start|get-tuple')
+  r"custom[-_]call|sdy\.|infeed|outfeed|\bsend\b|\brecv\b|send-done|recv-done|"
+  r"rng|token|dynamic|\?x|stablehlo\.async|partition_id|partition-id|replica-id|"
+  r"replica_id|after-all|domain|collective-permute|collective_permute|"
+  r"all-to-all|all_to_all|sharding|fusion|tuple|while|conditional|case|call\(|"
+  r"c64|c128|complex|f8|f4|s4|u4|i4|ui4|opt-barrier|optimization_barrier|bitcast|"
+  r"copy-start|get-tuple"
+)
 
 
 def _statically_runnable(name: str) -> bool:
@@ -282,8 +296,10 @@ def _statically_runnable(name: str) -> bool:
 
 # Forms a rewrite gets wrong most easily: async (all-reduce-start, async-start of an
 # all-reduce computation) and variadic all-reduces (several operands, one reduction).
-_HARD_FORMS = re.compile(r'async|all-reduce-start|=\s*\([^)]*\)\s*all-reduce\(|'
-                         r'all_reduce"?\(%[\w#]+\s*,')
+_HARD_FORMS = re.compile(
+  r"async|all-reduce-start|=\s*\([^)]*\)\s*all-reduce\(|"
+  r'all_reduce"?\(%[\w#]+\s*,'
+)
 
 
 def _numeric_names() -> list[str]:
@@ -300,7 +316,8 @@ def _numeric_names() -> list[str]:
   def hard(n):
     with open(os.path.join(CORPUS, n)) as f:
       return bool(_HARD_FORMS.search(f.read()))
-  first = [n for n in eligible if hard(n)][:count // 2]
+
+  first = [n for n in eligible if hard(n)][: count // 2]
   rest = [n for n in eligible if n not in first]
   step = len(rest) / (count - len(first))
   return sorted(first + [rest[int(i * step)] for i in range(count - len(first))])
@@ -308,10 +325,21 @@ def _numeric_names() -> list[str]:
 
 NUMERIC = _numeric_names()
 
-_NP_TYPES = {"f32": np.float32, "f64": np.float64, "f16": np.float16,
-             "bf16": ml_dtypes.bfloat16, "i1": np.bool_, "i8": np.int8, "i16": np.int16,
-             "i32": np.int32, "i64": np.int64, "ui8": np.uint8, "ui16": np.uint16,
-             "ui32": np.uint32, "ui64": np.uint64}
+_NP_TYPES = {
+  "f32": np.float32,
+  "f64": np.float64,
+  "f16": np.float16,
+  "bf16": ml_dtypes.bfloat16,
+  "i1": np.bool_,
+  "i8": np.int8,
+  "i16": np.int16,
+  "i32": np.int32,
+  "i64": np.int64,
+  "ui8": np.uint8,
+  "ui16": np.uint16,
+  "ui32": np.uint32,
+  "ui64": np.uint64,
+}
 
 
 def _main_function(module: ir.Module):
@@ -320,8 +348,10 @@ def _main_function(module: ir.Module):
     op = op.operation
     if op.name != "func.func":
       continue
-    if "sym_visibility" in op.attributes and \
-       ir.StringAttr(op.attributes["sym_visibility"]).value == "private":
+    if (
+      "sym_visibility" in op.attributes
+      and ir.StringAttr(op.attributes["sym_visibility"]).value == "private"
+    ):
       continue
     publics.append(op)
   named = [op for op in publics if ir.StringAttr(op.attributes["sym_name"]).value == "main"]
@@ -361,10 +391,12 @@ def _random(rng, shape, element):
 
 
 def _run(text: str, types, replicas: int, partitions: int, inputs):
-  devices = jax.devices()[:replicas * partitions]
+  devices = jax.devices()[: replicas * partitions]
   options = jax_backend.get_compile_options(
-      num_replicas=replicas, num_partitions=partitions,
-      device_assignment=np.array([d.id for d in devices]).reshape(replicas, partitions))
+    num_replicas=replicas,
+    num_partitions=partitions,
+    device_assignment=np.array([d.id for d in devices]).reshape(replicas, partitions),
+  )
   client = devices[0].client
   exe = client.compile_and_load(text, _jax_private.device_list(devices), options)
   order = exe.local_devices()
@@ -372,8 +404,11 @@ def _run(text: str, types, replicas: int, partitions: int, inputs):
   replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   args = []
   for (shape, _), per_device in zip(types, inputs):
-    args.append(jax.make_array_from_single_device_arrays(
-        shape, replicated, [jax.device_put(per_device[i], d) for i, d in enumerate(order)]))
+    args.append(
+      jax.make_array_from_single_device_arrays(
+        shape, replicated, [jax.device_put(per_device[i], d) for i, d in enumerate(order)]
+      )
+    )
   results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
   return [[np.asarray(x) for x in per_output] for per_output in results]
 
@@ -401,17 +436,27 @@ def test_numeric(name):
   try:
     got = _run(rewritten[0], types, replicas, partitions, inputs)
   except Exception as e:
-    raise AssertionError(f"{name}: XLA:CPU runs the original but not the rewritten module: "
-                         f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}") from None
+    raise AssertionError(
+      f"{name}: XLA:CPU runs the original but not the rewritten module: "
+      f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+    ) from None
   assert len(got) == len(want)
   # A variadic all-reduce is quantized as one vector (BUILD_NOTES, "Selection"): its
   # operands share the block at each boundary, so errors are relative to the largest
   # value of any float output on the device, not of each output alone.
-  scales = [max((np.max(np.abs(w.astype(np.float64)[np.isfinite(w.astype(np.float64))]),
-                        initial=0.0)
-                 for w_out in want for w in [w_out[device]]
-                 if np.issubdtype(w.dtype, np.floating) or w.dtype == ml_dtypes.bfloat16),
-                default=0.0) or 1.0 for device in range(n)]
+  scales = [
+    max(
+      (
+        np.max(np.abs(w.astype(np.float64)[np.isfinite(w.astype(np.float64))]), initial=0.0)
+        for w_out in want
+        for w in [w_out[device]]
+        if np.issubdtype(w.dtype, np.floating) or w.dtype == ml_dtypes.bfloat16
+      ),
+      default=0.0,
+    )
+    or 1.0
+    for device in range(n)
+  ]
   for k, (g_out, w_out) in enumerate(zip(got, want)):
     for device, (g, w) in enumerate(zip(g_out, w_out)):
       assert g.dtype == w.dtype and g.shape == w.shape, (k, g.dtype, w.dtype, g.shape, w.shape)
@@ -422,6 +467,7 @@ def test_numeric(name):
         scale = scales[device]
         err = np.max(np.abs(g64[finite] - w64[finite]), initial=0.0)
         assert err <= 3e-2 * scale, (
-            f"{name}: output {k} on device {device}: error {err:.3g} > 3e-2 x {scale:.3g}")
+          f"{name}: output {k} on device {device}: error {err:.3g} > 3e-2 x {scale:.3g}"
+        )
       else:
         np.testing.assert_array_equal(g, w, err_msg=f"{name}: output {k} on device {device}")

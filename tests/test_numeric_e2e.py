@@ -34,24 +34,29 @@ RING = "--equarx_algorithm=ring --equarx_rotation=none"
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"f32": np.dtype(np.float32), "bf16": BF16, "f16": np.dtype(np.float16)}
 # Half an ulp of the output type, relative, and the smallest absolute rounding step.
-OUT_ROUNDING = {np.dtype(np.float32): (0.0, 0.0), BF16: (2.0 ** -8, 2.0 ** -134),
-                np.dtype(np.float16): (2.0 ** -11, 2.0 ** -25)}
+OUT_ROUNDING = {
+  np.dtype(np.float32): (0.0, 0.0),
+  BF16: (2.0**-8, 2.0**-134),
+  np.dtype(np.float16): (2.0**-11, 2.0**-25),
+}
 
 DEVICES = np.array(jax.devices())
 MESHES = {
-    "8": Mesh(DEVICES.reshape(8), ("x",)),
-    "2x4": Mesh(DEVICES.reshape(2, 4), ("a", "b")),
-    # Physical devices out of order: ring ranks still follow the mesh axis.
-    "8perm": Mesh(DEVICES[[3, 0, 7, 5, 1, 6, 2, 4]], ("x",)),
+  "8": Mesh(DEVICES.reshape(8), ("x",)),
+  "2x4": Mesh(DEVICES.reshape(2, 4), ("a", "b")),
+  # Physical devices out of order: ring ranks still follow the mesh axis.
+  "8perm": Mesh(DEVICES[[3, 0, 7, 5, 1, 6, 2, 4]], ("x",)),
 }
 
 
 def flags(block: int, extra: str = "") -> str:
-  return (f"--equarx_enable --equarx_min_bytes=0 --equarx_block_size={block} "
-          f"{RING} {extra}").strip()
+  return (
+    f"--equarx_enable --equarx_min_bytes=0 --equarx_block_size={block} {RING} {extra}"
+  ).strip()
 
 
 # --- helpers --------------------------------------------------------------------
+
 
 def model(x: np.ndarray, groups, block: int) -> np.ndarray:
   """What every position of the global output must hold: the model, group by group."""
@@ -93,6 +98,7 @@ def psum_program(mesh_name: str, axes: tuple[str, ...], block: int):
   def body(x):
     y = jax.lax.psum(x.reshape(x.shape[lead:]), axes)
     return y.reshape(x.shape)
+
   g = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
   return g, equarx_pass.jit(g, flags=flags(block))
 
@@ -133,13 +139,16 @@ def test_psum_block_sizes(block, shape):
   check_invariants(got, x, groups, block)
 
 
-@pytest.mark.parametrize("mesh_name, axes, dtype", [
-    ("2x4", ("a",), "f32"),        # 4 groups of 2: {0,4}, {1,5}, ...
-    ("2x4", ("b",), "bf16"),       # 2 groups of 4: {0..3}, {4..7}
+@pytest.mark.parametrize(
+  "mesh_name, axes, dtype",
+  [
+    ("2x4", ("a",), "f32"),  # 4 groups of 2: {0,4}, {1,5}, ...
+    ("2x4", ("b",), "bf16"),  # 2 groups of 4: {0..3}, {4..7}
     ("2x4", ("b",), "f32"),
-    ("2x4", ("a", "b"), "f16"),    # one group of 8 in row-major mesh order
-    ("8perm", ("x",), "f32"),      # devices shuffled under the mesh
-])
+    ("2x4", ("a", "b"), "f16"),  # one group of 8 in row-major mesh order
+    ("8perm", ("x",), "f32"),  # devices shuffled under the mesh
+  ],
+)
 def test_psum_group_layouts(mesh_name, axes, dtype):
   lead = MESHES[mesh_name].devices.shape
   x = gaussian(np.random.default_rng(7), (7, 13, 5), DTYPES[dtype], lead)
@@ -158,15 +167,17 @@ def test_ring_order_matters_so_the_comparison_can_fail():
 
 
 @settings(max_examples=25, deadline=None)
-@given(seed=st.integers(0, 2 ** 32 - 1),
-       scales=st.lists(st.sampled_from([0.0, 1e-30, 1e-3, 1.0, 1e3, 1e30]), min_size=8, max_size=8),
-       sparsity=st.sampled_from([0.0, 0.5, 0.99]))
+@given(
+  seed=st.integers(0, 2**32 - 1),
+  scales=st.lists(st.sampled_from([0.0, 1e-30, 1e-3, 1.0, 1e3, 1e30]), min_size=8, max_size=8),
+  sparsity=st.sampled_from([0.0, 0.5, 0.99]),
+)
 def test_psum_matches_model_on_drawn_data(seed, scales, sparsity):
   rng = np.random.default_rng(seed)
   x = rng.standard_normal((8, 1001)) * np.array(scales)[:, None]
   x[rng.random(x.shape) < sparsity] = 0
   x = x.astype(np.float32)
-  got, groups, _ = run_psum("8", ("x",), 128, x)   # one compile, shared by every example
+  got, groups, _ = run_psum("8", ("x",), 128, x)  # one compile, shared by every example
   assert_same_bits(got, model(x, groups, 128), "vs model")
   check_invariants(got, x, groups, 128)
 
@@ -191,13 +202,14 @@ def test_quantization_ties_round_like_the_model(dtype):
 
 # --- non-finite values and zeros ------------------------------------------------
 
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_non_finite_inputs_never_give_finite_results(dtype):
   rng = np.random.default_rng(3)
   x = gaussian(rng, (1001,), DTYPES[dtype], (8,))
   x[2, 10] = np.nan
   x[5, 500] = np.inf
-  x[0, 900], x[7, 900] = np.inf, -np.inf      # exact sum NaN
+  x[0, 900], x[7, 900] = np.inf, -np.inf  # exact sum NaN
   x[4, 1000] = -np.inf
   got, groups, _ = run_psum("8", ("x",), 128, x)
   with np.errstate(invalid="ignore"):
@@ -215,7 +227,7 @@ def test_non_finite_inputs_never_give_finite_results(dtype):
 def test_zero_input_stays_exactly_zero(dtype):
   x = np.zeros((8, 1001), DTYPES[dtype])
   got, _, _ = run_psum("8", ("x",), 1024, x)
-  assert np.all(bits(got) == 0)               # +0 everywhere, not just == 0
+  assert np.all(bits(got) == 0)  # +0 everywhere, not just == 0
   # Positions that are zero on every rank stay zero inside non-zero blocks too.
   x = gaussian(np.random.default_rng(1), (1001,), DTYPES[dtype], (8,))
   x[:, ::3] = 0
@@ -230,8 +242,10 @@ def test_subnormal_range_is_flushed_but_within_the_bound():
   so bits are not compared here; everything else must still hold.
   """
   rng = np.random.default_rng(13)
-  x = (rng.standard_normal((8, 1001)) * np.array([1e-36, 1e-38, 1e-40, 0, 1e-36, 1e-39, 1e-37,
-                                                  1e-38])[:, None]).astype(np.float32)
+  x = (
+    rng.standard_normal((8, 1001))
+    * np.array([1e-36, 1e-38, 1e-40, 0, 1e-36, 1e-39, 1e-37, 1e-38])[:, None]
+  ).astype(np.float32)
   got, groups, w = run_psum("8", ("x",), 128, x)
   assert np.isfinite(got).all()
   check_invariants(got, x, groups, 128)
@@ -239,6 +253,7 @@ def test_subnormal_range_is_flushed_but_within_the_bound():
 
 
 # --- other program forms --------------------------------------------------------
+
 
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_pmap_psum(dtype):
@@ -249,7 +264,7 @@ def test_pmap_psum(dtype):
   want_aval = jax.eval_shape(pm, x)
   assert (got.shape, got.dtype) == (want_aval.shape, want_aval.dtype)
   assert [r.decision for r in w.report.records] == ["rewritten"]
-  groups = [[(r,) for r in range(8)]]          # pmap: device i holds x[i]
+  groups = [[(r,) for r in range(8)]]  # pmap: device i holds x[i]
   assert_same_bits(np.asarray(got), model(x, groups, 128), "vs model")
   check_invariants(np.asarray(got), x, groups, 128)
 
@@ -259,13 +274,15 @@ def test_psum_in_scan_body(outline):
   """Outlined (the CPU default) and inline (what GPU and TPU programs get): the model's bits."""
   mesh = MESHES["8"]
 
-  def body(xs):                                 # xs: [1, T, K] on each device
+  def body(xs):  # xs: [1, T, K] on each device
     def step(carry, xt):
       s = jax.lax.psum(xt + carry, "x")
       # x 0.5 is exact, so a contraction of it with the next add changes nothing.
       return jax.lax.pcast(s * 0.5, "x", to="varying"), s
+
     _, ys = jax.lax.scan(step, jnp.zeros_like(xs[0, 0]), xs[0])
     return ys[None]
+
   g = jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
   w = equarx_pass.jit(g, flags=flags(128) + f" --equarx_outline={outline}")
   xs = gaussian(np.random.default_rng(5), (4, 300), np.float32, (8,))
@@ -290,8 +307,10 @@ def test_psum_in_cond_branches():
 
   def body(flag, x):
     # The predicate is replicated (in_specs P()): uniform across devices.
-    return jax.lax.cond(flag > 0, lambda v: jax.lax.psum(v * 2, "x"),
-                        lambda v: jax.lax.psum(-v, "x"), x)
+    return jax.lax.cond(
+      flag > 0, lambda v: jax.lax.psum(v * 2, "x"), lambda v: jax.lax.psum(-v, "x"), x
+    )
+
   g = jax.shard_map(body, mesh=mesh, in_specs=(P(), P("x")), out_specs=P("x"))
   w = equarx_pass.jit(g, flags=flags(128))
   x = gaussian(np.random.default_rng(9), (1, 513), np.float32, (8,)).reshape(8, 513)
@@ -306,12 +325,16 @@ def test_psum_in_cond_branches():
 def test_psum_of_a_tuple():
   """psum of several operands (JAX emits one all-reduce per operand); mixed types."""
   mesh = MESHES["8"]
-  g = jax.shard_map(lambda a, b, c: jax.lax.psum((a, b, c), "x"), mesh=mesh,
-                    in_specs=P("x"), out_specs=P("x"))
+  g = jax.shard_map(
+    lambda a, b, c: jax.lax.psum((a, b, c), "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x")
+  )
   w = equarx_pass.jit(g, flags=flags(128))
   rng = np.random.default_rng(2)
-  args = (gaussian(rng, (1001,), np.float32, (8,)), gaussian(rng, (7, 13), BF16, (8,)),
-          gaussian(rng, (5,), np.float16, (8,)))
+  args = (
+    gaussian(rng, (1001,), np.float32, (8,)),
+    gaussian(rng, (7, 13), BF16, (8,)),
+    gaussian(rng, (5,), np.float16, (8,)),
+  )
   outs = w(*args)
   avals = jax.eval_shape(g, *args)
   groups = [[(r,) for r in range(8)]]
@@ -346,20 +369,25 @@ def test_multi_operand_all_reduce_is_one_ring():
   lowering of a tuple psum with the same signature.
   """
   mesh = MESHES["8"]
-  g = jax.shard_map(lambda a, b: jax.lax.psum((a, b), "x"), mesh=mesh,
-                    in_specs=P("x"), out_specs=P("x"))
+  g = jax.shard_map(
+    lambda a, b: jax.lax.psum((a, b), "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x")
+  )
   rng = np.random.default_rng(4)
   a, b = gaussian(rng, (1001,), BF16, (8,)), gaussian(rng, (7, 13), BF16, (8,))
   lowered = jax.jit(g).lower(a, b)
   module = parse.parse_bytes(MULTI_OPERAND, context=lowered.compiler_ir("stablehlo").context).module
-  result = equarx_pass.rewrite_module(module, Policy(enable=True, min_bytes=0, block_size=128,
-                                                     algorithm="ring", rotation="none"))
-  assert [(r.decision, r.shapes) for r in result.records] == [("rewritten", ((1, 1001), (1, 7, 13)))]
+  result = equarx_pass.rewrite_module(
+    module, Policy(enable=True, min_bytes=0, block_size=128, algorithm="ring", rotation="none")
+  )
+  assert [(r.decision, r.shapes) for r in result.records] == [
+    ("rewritten", ((1, 1001), (1, 7, 13)))
+  ]
   got_a, got_b = _jax_private.lowered_with_module(lowered, result.module).compile()(a, b)
 
   # The model sees each rank's operands as one f32 vector, concatenated in order.
-  flat = [np.concatenate([a[r].astype(np.float32), b[r].astype(np.float32).reshape(-1)])
-          for r in range(8)]
+  flat = [
+    np.concatenate([a[r].astype(np.float32), b[r].astype(np.float32).reshape(-1)]) for r in range(8)
+  ]
   for r, res in enumerate(ring.reference_allreduce(flat, 128, BF16)):
     assert_same_bits(np.asarray(got_a)[r], res[:1001], f"rank {r} operand 0")
     assert_same_bits(np.asarray(got_b)[r], res[1001:].reshape(7, 13), f"rank {r} operand 1")
@@ -367,22 +395,30 @@ def test_multi_operand_all_reduce_is_one_ring():
 
 # --- all-reduces the policy does not select stay exactly as they were -----------
 
+
 def test_unselected_all_reduces_equal_plain_jit():
   mesh = MESHES["2x4"]
 
   def body(big, ints, small, m):
-    return (jax.lax.psum(big, "b"),        # rewritten
-            jax.lax.psum(ints, "b"),       # integer: not a selected type
-            jax.lax.psum(small, "a"),      # 64 bytes < --equarx_min_bytes=1024
-            jax.lax.pmax(m, "b"))          # not a sum
+    return (
+      jax.lax.psum(big, "b"),  # rewritten
+      jax.lax.psum(ints, "b"),  # integer: not a selected type
+      jax.lax.psum(small, "a"),  # 64 bytes < --equarx_min_bytes=1024
+      jax.lax.pmax(m, "b"),
+    )  # not a sum
+
   spec = P("a", "b")
   g = jax.shard_map(body, mesh=mesh, in_specs=spec, out_specs=spec)
-  w = equarx_pass.jit(g, flags="--equarx_enable --equarx_min_bytes=1024 --equarx_block_size=128 " + RING)
+  w = equarx_pass.jit(
+    g, flags="--equarx_enable --equarx_min_bytes=1024 --equarx_block_size=128 " + RING
+  )
   rng = np.random.default_rng(8)
-  args = (gaussian(rng, (2000,), np.float32, (2, 4)),
-          rng.integers(-1000, 1000, (2, 4, 300), dtype=np.int32),
-          rng.standard_normal((2, 4, 16)).astype(np.float32),
-          rng.standard_normal((2, 4, 500)).astype(np.float32))
+  args = (
+    gaussian(rng, (2000,), np.float32, (2, 4)),
+    rng.integers(-1000, 1000, (2, 4, 300), dtype=np.int32),
+    rng.standard_normal((2, 4, 16)).astype(np.float32),
+    rng.standard_normal((2, 4, 500)).astype(np.float32),
+  )
   got = [np.asarray(v) for v in w(*args)]
   plain = [np.asarray(v) for v in jax.jit(g)(*args)]
 
@@ -397,8 +433,12 @@ def test_unselected_all_reduces_equal_plain_jit():
 
 def test_dtype_excluded_by_flag_equals_plain_jit():
   mesh = MESHES["8"]
-  g = jax.shard_map(lambda a, b: (jax.lax.psum(a, "x"), jax.lax.psum(b, "x")), mesh=mesh,
-                    in_specs=P("x"), out_specs=P("x"))
+  g = jax.shard_map(
+    lambda a, b: (jax.lax.psum(a, "x"), jax.lax.psum(b, "x")),
+    mesh=mesh,
+    in_specs=P("x"),
+    out_specs=P("x"),
+  )
   w = equarx_pass.jit(g, flags=flags(128, "--equarx_dtypes=f32,f16"))
   rng = np.random.default_rng(6)
   a = gaussian(rng, (1001,), BF16, (8,))

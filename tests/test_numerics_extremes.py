@@ -40,16 +40,16 @@ F16, F32 = np.dtype(np.float16), np.dtype(np.float32)
 DTYPES = {"f32": F32, "bf16": BF16, "f16": F16}
 # Below this a block's scale or partial sums are subnormal in f32, where XLA:CPU
 # flushes to zero and the IEEE model does not (quantize.py, "Subnormals").
-F32_FLUSHED = 127 * 2.0 ** -126
+F32_FLUSHED = 127 * 2.0**-126
 # One scheme of every algorithm and every format.
 SCHEMES = {
-    "int8-ring": "--equarx_algorithm=ring --equarx_rotation=none",
-    "default": "",                                    # int8 two-shot, Hadamard
-    "int4-bidirectional": "--equarx_algorithm=bidirectional --equarx_format=int4 "
-                          "--equarx_block_size=128 --equarx_microshards=2",
-    "fp8e4m3-ring-grid": "--equarx_format=fp8_e4m3 --equarx_algorithm=ring --equarx_block_layout=grid "
-                         "--equarx_rotation=none",
-    "fp8e5m2-two-shot": "--equarx_format=fp8_e5m2 --equarx_algorithm=two_shot --equarx_rotation=none",
+  "int8-ring": "--equarx_algorithm=ring --equarx_rotation=none",
+  "default": "",  # int8 two-shot, Hadamard
+  "int4-bidirectional": "--equarx_algorithm=bidirectional --equarx_format=int4 "
+  "--equarx_block_size=128 --equarx_microshards=2",
+  "fp8e4m3-ring-grid": "--equarx_format=fp8_e4m3 --equarx_algorithm=ring --equarx_block_layout=grid "
+  "--equarx_rotation=none",
+  "fp8e5m2-two-shot": "--equarx_format=fp8_e5m2 --equarx_algorithm=two_shot --equarx_rotation=none",
 }
 DEVICES = jax.devices()
 
@@ -60,12 +60,13 @@ def flags(extra: str) -> str:
 
 # --- programs and groups ------------------------------------------------------
 
+
 @functools.cache
 def mesh(layout: str) -> Mesh:
   """'8', '5', '2x4', '2x3' ...: a mesh over the first devices, row-major."""
   shape = tuple(int(d) for d in layout.split("x"))
   count = int(np.prod(shape))
-  names = ("a", "b")[:len(shape)]
+  names = ("a", "b")[: len(shape)]
   return Mesh(np.array(DEVICES[:count]).reshape(shape), names)
 
 
@@ -78,6 +79,7 @@ def psum(layout: str, axes: tuple[str, ...]):
 
   def body(x):
     return jax.lax.psum(x.reshape(x.shape[lead:]), axes).reshape(x.shape)
+
   return jax.shard_map(body, mesh=m, in_specs=spec, out_specs=spec)
 
 
@@ -104,6 +106,7 @@ def run(layout, axes, scheme_flags, x):
 
 
 # --- checks -------------------------------------------------------------------
+
 
 def loose_bound(inputs, scheme) -> float:
   """A generous bound on |result - sum| for finite results: catches garbage only.
@@ -163,43 +166,45 @@ def regions(dtype, fill):
   rng = np.random.default_rng(17)
   x = np.zeros((8, 8 * REGION), np.float64)
   for k in range(8):
-    x[:, k * REGION:(k + 1) * REGION] = fill(k, rng)
+    x[:, k * REGION : (k + 1) * REGION] = fill(k, rng)
   with np.errstate(over="ignore"):
     return x.astype(dtype)
 
 
 def region(a, k):
-  return a[..., k * REGION:(k + 1) * REGION]
+  return a[..., k * REGION : (k + 1) * REGION]
 
 
 @pytest.mark.parametrize("scheme_name", sorted(SCHEMES))
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 def test_near_the_float_max(dtype, scheme_name):
-  big = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max if dtype == "bf16" else
-              np.finfo(DTYPES[dtype]).max)
+  big = float(
+    ml_dtypes.finfo(ml_dtypes.bfloat16).max if dtype == "bf16" else np.finfo(DTYPES[dtype]).max
+  )
 
   def fill(k, rng):
     signs = rng.choice([-1.0, 1.0], (8, REGION))
-    if k == 0:                                       # 8 x 0.9 max, one sign: overflows
+    if k == 0:  # 8 x 0.9 max, one sign: overflows
       return np.full((8, REGION), 0.9 * big)
-    if k == 1:                                       # +-0.9 max in pairs: sums to 0
+    if k == 1:  # +-0.9 max in pairs: sums to 0
       return np.where(np.arange(8)[:, None] % 2 == 0, 0.9, -0.9) * big * np.ones((8, REGION))
-    if k == 2:                                       # one rank at the max, the rest small
+    if k == 2:  # one rank at the max, the rest small
       v = rng.standard_normal((8, REGION))
       v[3] = big * signs[3]
       return v
-    if k == 3:                                       # magnitudes from 1 to the max
+    if k == 3:  # magnitudes from 1 to the max
       return signs * big * rng.uniform(0.0, 1.0, (8, REGION)) ** 8
-    if k == 4:                                       # large, far from overflowing
+    if k == 4:  # large, far from overflowing
       return signs * big * 1e-4
-    return rng.standard_normal((8, REGION))          # ordinary blocks next to them
+    return rng.standard_normal((8, REGION))  # ordinary blocks next to them
+
   x = regions(DTYPES[dtype], fill)
   got, scheme = run("8", ("a",), SCHEMES[scheme_name], x)
   check_groups(got, x, "8", ("a",), scheme)
   r = got[0].astype(np.float64)
-  assert not np.isfinite(region(r, 0)).any()        # the sum is beyond the max: not finite
+  assert not np.isfinite(region(r, 0)).any()  # the sum is beyond the max: not finite
   # Blocks without values near the max are untouched by their neighbours.
-  assert np.isfinite(r[4 * REGION:]).all()
+  assert np.isfinite(r[4 * REGION :]).all()
 
 
 @pytest.mark.parametrize("scheme_name", sorted(SCHEMES))
@@ -217,8 +222,10 @@ def test_large_finite_sums_stay_finite(scheme_name):
   plain = np.asarray(jax.jit(psum("8", ("a",)))(x))
   assert np.isfinite(plain).all()
   finite = np.isfinite(got[0])
-  assert finite.all(), (f"{scheme.describe()}: {np.count_nonzero(~finite)} of {finite.size} "
-                        f"sums of values up to {big:.3g} are not finite")
+  assert finite.all(), (
+    f"{scheme.describe()}: {np.count_nonzero(~finite)} of {finite.size} "
+    f"sums of values up to {big:.3g} are not finite"
+  )
 
 
 @pytest.mark.parametrize("scheme_name", sorted(SCHEMES))
@@ -231,13 +238,14 @@ def test_subnormals_and_smallest_normals(dtype, scheme_name):
   def fill(k, rng):
     v = rng.standard_normal((8, REGION))
     if k == 0:
-      return v * sub * 4                             # subnormals of the input dtype
+      return v * sub * 4  # subnormals of the input dtype
     if k == 1:
-      return v * tiny                                # around the smallest normal
-    if k == 2:                                       # subnormals next to ordinary values
+      return v * tiny  # around the smallest normal
+    if k == 2:  # subnormals next to ordinary values
       v[:, ::2] *= sub * 3
       return v
     return v
+
   x = regions(dt, fill)
   got, scheme = run("8", ("a",), SCHEMES[scheme_name], x)
   # f16 and bf16 inputs are f32 values; only f32 scales below 2^-126 * 127
@@ -245,9 +253,9 @@ def test_subnormals_and_smallest_normals(dtype, scheme_name):
   # any rank): no bit check.
   layout = scheme.layout(x.shape[1], 8)
   padded = np.zeros((8, layout.padded))
-  padded[:, :x.shape[1]] = np.abs(x.astype(np.float64))
+  padded[:, : x.shape[1]] = np.abs(x.astype(np.float64))
   block_max = padded.reshape(8, -1, layout.block).max(axis=(0, 2))
-  unflushed = np.repeat(block_max >= F32_FLUSHED, layout.block)[:x.shape[1]]
+  unflushed = np.repeat(block_max >= F32_FLUSHED, layout.block)[: x.shape[1]]
   check_groups(got, x, "8", ("a",), scheme, model_ok=unflushed)
   r = got[0].astype(np.float64)
   assert np.isfinite(r).all()
@@ -266,17 +274,18 @@ def test_zero_blocks_and_non_finite_values(dtype, scheme_name):
     if k == 1:
       v[2, 10] = np.nan
       v[5, 500] = np.inf
-      v[0, 900], v[7, 900] = np.inf, -np.inf        # the exact sum is NaN
+      v[0, 900], v[7, 900] = np.inf, -np.inf  # the exact sum is NaN
       v[4, 1000] = -np.inf
       return v
     if k == 3:
-      return -0.0 * np.abs(v)                        # negative zeros only
+      return -0.0 * np.abs(v)  # negative zeros only
     if k == 4:
       return v * (1e3 if dtype == "f16" else 1e30)
     if k == 5:
-      v[:, 7] = np.inf                               # +inf on every rank
+      v[:, 7] = np.inf  # +inf on every rank
       return v
     return v
+
   x = regions(DTYPES[dtype], fill)
   got, scheme = run("8", ("a",), SCHEMES[scheme_name], x)
   check_groups(got, x, "8", ("a",), scheme)
@@ -301,8 +310,7 @@ def test_size_zero_all_reduce(shape):
   """JAX emits an all-reduce of a size-0 operand; the rewritten program runs and
   returns the empty result of the right shape and dtype, like jax.jit."""
   m = mesh("8")
-  body = jax.shard_map(lambda v: jax.lax.psum(v, "a"), mesh=m, in_specs=P("a"),
-                       out_specs=P("a"))
+  body = jax.shard_map(lambda v: jax.lax.psum(v, "a"), mesh=m, in_specs=P("a"), out_specs=P("a"))
   x = np.zeros((8,) + shape, np.float32)
   fn = equarx_pass.jit(body, flags=flags(""))
   got = fn(x)
@@ -315,10 +323,22 @@ def test_size_zero_all_reduce(shape):
 # --- properties over drawn programs ---------------------------------------------
 
 # (mesh layout, reduced axes): group sizes 2..8, one group or several.
-LAYOUTS = [("2", ("a",)), ("3", ("a",)), ("4", ("a",)), ("5", ("a",)), ("6", ("a",)),
-           ("7", ("a",)), ("8", ("a",)),
-           ("2x4", ("a",)), ("2x4", ("b",)), ("4x2", ("a",)), ("2x4", ("a", "b")),
-           ("2x3", ("b",)), ("3x2", ("a",)), ("2x2", ("b",))]
+LAYOUTS = [
+  ("2", ("a",)),
+  ("3", ("a",)),
+  ("4", ("a",)),
+  ("5", ("a",)),
+  ("6", ("a",)),
+  ("7", ("a",)),
+  ("8", ("a",)),
+  ("2x4", ("a",)),
+  ("2x4", ("b",)),
+  ("4x2", ("a",)),
+  ("2x4", ("a", "b")),
+  ("2x3", ("b",)),
+  ("3x2", ("a",)),
+  ("2x2", ("b",)),
+]
 SHAPES = [(), (1,), (3,), (129,), (5, 37), (1000,), (2, 3, 700)]
 
 
@@ -326,13 +346,16 @@ SHAPES = [(), (1,), (3,), (129,), (5, 37), (1000,), (2, 3, 700)]
 def scheme_flags(draw):
   """Any scheme the pass accepts: every algorithm, format, rotation, layout."""
   while True:
-    text = " ".join([
+    text = " ".join(
+      [
         f"--equarx_algorithm={draw(st.sampled_from(policy_lib.ALGORITHMS))}",
         f"--equarx_format={draw(st.sampled_from(policy_lib.FORMATS))}",
         f"--equarx_rotation={draw(st.sampled_from(policy_lib.ROTATIONS))}",
         f"--equarx_block_layout={draw(st.sampled_from(policy_lib.BLOCK_LAYOUTS))}",
         f"--equarx_block_size={draw(st.sampled_from([4, 64, 128, 1024]))}",
-        f"--equarx_microshards={draw(st.sampled_from([1, 2]))}"])
+        f"--equarx_microshards={draw(st.sampled_from([1, 2]))}",
+      ]
+    )
     try:
       policy_lib.Policy.from_flags(flags(text))
     except equarx_pass.FlagError:
@@ -343,10 +366,11 @@ def scheme_flags(draw):
 @st.composite
 def operands(draw, dtype, lead, shape):
   """Per-rank data: Gaussian with per-rank scales, zeros, sprinkled special values."""
-  rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+  rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
   limit = 1e4 if dtype == F16 else 1e30
-  scales = np.array([draw(st.sampled_from([0.0, 1e-3, 1.0, 30.0, limit]))
-                     for _ in range(int(np.prod(lead)))]).reshape(lead + (1,) * len(shape))
+  scales = np.array(
+    [draw(st.sampled_from([0.0, 1e-3, 1.0, 30.0, limit])) for _ in range(int(np.prod(lead)))]
+  ).reshape(lead + (1,) * len(shape))
   x = rng.standard_normal(lead + shape) * scales
   x[rng.random(x.shape) < draw(st.sampled_from([0.0, 0.3, 0.9]))] = 0.0
   special = draw(st.sampled_from([None, np.nan, np.inf, -np.inf]))

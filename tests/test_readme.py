@@ -29,7 +29,7 @@ def marked_blocks() -> list[tuple[int, str, str]]:
     fence = re.fullmatch(r"```(\w+)", lines[i + 1].strip())
     assert fence, f"README.md:{i + 1}: {MARKER} must be followed by a ```python or ```bash block"
     end = lines.index("```", i + 2)
-    blocks.append((i + 3, fence.group(1), "\n".join(lines[i + 2:end]) + "\n"))
+    blocks.append((i + 3, fence.group(1), "\n".join(lines[i + 2 : end]) + "\n"))
   return blocks
 
 
@@ -59,7 +59,9 @@ def test_readme_block_runs(line, lang, code, tmp_path):
     cmd = ["bash", "-euo", "pipefail", "-s"]
   else:
     pytest.fail(f"README.md:{line}: cannot run a ```{lang} block")
-  proc = subprocess.run(cmd, input=code, cwd=tmp_path, env=env, capture_output=True, text=True,
-                        timeout=300)
-  assert proc.returncode == 0, (f"README.md:{line} ({lang}) failed:\n{proc.stdout[-2000:]}\n"
-                                f"{proc.stderr[-3000:]}")
+  proc = subprocess.run(
+    cmd, input=code, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+  )
+  assert proc.returncode == 0, (
+    f"README.md:{line} ({lang}) failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+  )

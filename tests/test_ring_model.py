@@ -26,9 +26,13 @@ finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 
 # --- chunk layout -------------------------------------------------------------
 
+
 @settings(max_examples=300, deadline=None)
-@given(num_values=st.integers(1, 1 << 22), group_size=st.integers(1, 64),
-       block_size=st.integers(1, 1 << 14))
+@given(
+  num_values=st.integers(1, 1 << 22),
+  group_size=st.integers(1, 64),
+  block_size=st.integers(1, 1 << 14),
+)
 @example(num_values=1, group_size=8, block_size=1024)
 @example(num_values=8 * 1024, group_size=8, block_size=1024)
 @example(num_values=8 * 1024 + 1, group_size=8, block_size=1024)
@@ -60,13 +64,14 @@ def test_chunk_layout_rejects_bad_sizes():
 
 # --- ring schedule ------------------------------------------------------------
 
+
 @st.composite
 def device_groups(draw):
   """A random partition of some device ids into equal groups, in random order."""
   num_groups = draw(st.integers(1, 4))
   size = draw(st.integers(1, 9))
   ids = draw(st.permutations(range(num_groups * size + draw(st.integers(0, 3)))))
-  return [list(ids[g * size:(g + 1) * size]) for g in range(num_groups)]
+  return [list(ids[g * size : (g + 1) * size]) for g in range(num_groups)]
 
 
 @settings(max_examples=200, deadline=None)
@@ -95,7 +100,7 @@ def test_reduce_scatter_schedule_sums_each_chunk_once(n):
   sched = ring.make_schedule([list(range(n))])
   partial = [(r, collections.Counter([r])) for r in range(n)]
   for step in range(n - 1):
-    received = [partial[(r - 1) % n] for r in range(n)]   # everyone sends to r + 1
+    received = [partial[(r - 1) % n] for r in range(n)]  # everyone sends to r + 1
     partial = []
     for r in range(n):
       chunk, contributors = received[r]
@@ -144,6 +149,7 @@ def test_wire_bytes_match_the_design_figures():
 
 # --- quantize -----------------------------------------------------------------
 
+
 @st.composite
 def blocked_f32(draw, elements=finite_f32):
   block = draw(st.sampled_from([1, 3, 4, 16, 128]))
@@ -163,7 +169,7 @@ def _half_step_bound(scale):
   absmax, 127 * 2^-128 < 2^-121.
   """
   s = scale.astype(np.float64)
-  return np.where(s >= 2.0 ** -128, s * (0.5 + 2.0 ** -15) + 2.0 ** -142, 2.0 ** -121)
+  return np.where(s >= 2.0**-128, s * (0.5 + 2.0**-15) + 2.0**-142, 2.0**-121)
 
 
 @settings(max_examples=300, deadline=None)
@@ -188,7 +194,7 @@ def test_quantize_dequantize_error_within_half_step(data):
   # amax * f32(1/127) and of q * scale (2^-24 relative each; 127 half-ulps where
   # the scale is subnormal).
   amax = np.max(np.abs(blocks), 1).astype(np.float64)[:, None]
-  assert np.all(np.abs(out.reshape(-1, block)) <= amax * (1 + 2.0 ** -23) + 2.0 ** -142)
+  assert np.all(np.abs(out.reshape(-1, block)) <= amax * (1 + 2.0**-23) + 2.0**-142)
   # Signs survive (a value may go to zero, never across it).
   assert np.all(np.sign(out) * np.sign(x) >= 0)
 
@@ -207,8 +213,11 @@ def test_zero_block_quantizes_to_exact_zeros(data, zero_block):
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=blocked_f32(st.floats(-2.0 ** 100, 2.0 ** 100, width=32)),
-       bad=st.sampled_from([np.nan, np.inf, -np.inf]), where=st.integers(0, 1 << 10))
+@given(
+  data=blocked_f32(st.floats(-(2.0**100), 2.0**100, width=32)),
+  bad=st.sampled_from([np.nan, np.inf, -np.inf]),
+  where=st.integers(0, 1 << 10),
+)
 def test_non_finite_value_poisons_exactly_its_block(data, bad, where):
   x, block = data
   x = x.copy()
@@ -232,9 +241,12 @@ def test_quantize_rounds_half_to_even():
 
 
 @settings(max_examples=200, deadline=None)
-@given(codes=hnp.arrays(np.int8, st.integers(1, 8).map(lambda k: (3, 8 * k)),
-                        elements=st.integers(-8, 7)),
-       group=st.sampled_from([2, 4, 8, "row"]))
+@given(
+  codes=hnp.arrays(
+    np.int8, st.integers(1, 8).map(lambda k: (3, 8 * k)), elements=st.integers(-8, 7)
+  ),
+  group=st.sampled_from([2, 4, 8, "row"]),
+)
 def test_int4_packing_round_trips_and_pairs_the_two_halves_of_each_group(codes, group):
   rows, s = codes.shape
   group = s if group == "row" else group
@@ -251,7 +263,7 @@ def test_int4_packing_round_trips_and_pairs_the_two_halves_of_each_group(codes, 
 def test_int4_codes_pair_the_halves_of_a_row_or_of_its_one_block():
   assert qz.nibble_group(128, 256) == 256 and qz.nibble_group(128, 1024) == 1024
   assert qz.nibble_group(128, 128) == 128 and qz.nibble_group(128, 384) == 128
-  x = np.array([7, 0, -7, 7], np.float32)          # one block of 4: codes = values
+  x = np.array([7, 0, -7, 7], np.float32)  # one block of 4: codes = values
   q, scale = qz.quantize(x, 4, qz.INT4)
   assert scale[0] == np.float32(7) * qz.inverse(7)
   # Value 0 (7) low and value 2 (-7) high in byte 0; value 1 (0) low and value 3 (7) high in byte 1.
@@ -276,10 +288,11 @@ def test_quantize_multiplies_by_the_reciprocal_like_xla():
   assert scale[0] == 7
   np.testing.assert_array_equal(q, [127, 7, 13, 15, -7, 0, 2, 2])
   by_divide = np.rint(x.astype(np.float64) / 7)
-  assert np.count_nonzero(q != by_divide) == 4   # the XLA form is what is modelled
+  assert np.count_nonzero(q != by_divide) == 4  # the XLA form is what is modelled
 
 
 # --- fused multiply-add -------------------------------------------------------
+
 
 def round_to_f32(v: Fraction) -> float:
   """The f32 nearest to an exact rational, ties to even, overflow to +-inf."""
@@ -287,12 +300,12 @@ def round_to_f32(v: Fraction) -> float:
     return 0.0
   sign = -1.0 if v < 0 else 1.0
   a = abs(v)
-  e = a.numerator.bit_length() - a.denominator.bit_length()   # 2^e <= a < 2^(e+2)
+  e = a.numerator.bit_length() - a.denominator.bit_length()  # 2^e <= a < 2^(e+2)
   if a < Fraction(2) ** e:
     e -= 1
   while a >= Fraction(2) ** (e + 1):
     e += 1
-  e = max(e, -126)                        # below 2^-126 the spacing stays 2^-149
+  e = max(e, -126)  # below 2^-126 the spacing stays 2^-149
   quantum = Fraction(2) ** (e - 23)
   n = a / quantum
   whole, rest = divmod(n.numerator, n.denominator)
@@ -332,9 +345,21 @@ def assert_same_f32(got, want):
 def test_round_to_f32_reference_itself():
   # Cross-check the exact reference where float64 is exact: f64 -> f32 is one rounding.
   rng = np.random.default_rng(0)
-  vals = np.concatenate([rng.standard_normal(200) * 10.0 ** rng.integers(-45, 39, 200),
-                         [2.0 ** -149, 2.0 ** -150, 3 * 2.0 ** -151, 2.0 ** 128 - 2.0 ** 103,
-                          2.0 ** 128 - 2.0 ** 104, F32_MAX, 1 + 2.0 ** -24, 1 + 3 * 2.0 ** -24]])
+  vals = np.concatenate(
+    [
+      rng.standard_normal(200) * 10.0 ** rng.integers(-45, 39, 200),
+      [
+        2.0**-149,
+        2.0**-150,
+        3 * 2.0**-151,
+        2.0**128 - 2.0**103,
+        2.0**128 - 2.0**104,
+        F32_MAX,
+        1 + 2.0**-24,
+        1 + 3 * 2.0**-24,
+      ],
+    ]
+  )
   with np.errstate(over="ignore"):
     want = vals.astype(np.float32)
   got = np.array([round_to_f32(Fraction(float(v))) for v in vals], np.float32)
@@ -356,8 +381,13 @@ def test_fma_is_exactly_rounded_random(triples):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.floats(width=32), st.floats(width=32), st.floats(width=32)),
-                min_size=1, max_size=20))
+@given(
+  st.lists(
+    st.tuples(st.floats(width=32), st.floats(width=32), st.floats(width=32)),
+    min_size=1,
+    max_size=20,
+  )
+)
 def test_fma_special_values(triples):
   check_fma(*zip(*triples))
 
@@ -365,14 +395,14 @@ def test_fma_special_values(triples):
 @st.composite
 def near_tie(draw):
   """c plus a product within a few ulps of half an ulp of c: the double-rounding trap."""
-  c = draw(st.floats(2.0 ** -100, 2.0 ** 100, width=32)) * draw(st.sampled_from([1, -1]))
+  c = draw(st.floats(2.0**-100, 2.0**100, width=32)) * draw(st.sampled_from([1, -1]))
   c = np.float32(c)
   ulp = float(np.spacing(np.abs(c)))
   half = ulp / 2 * draw(st.sampled_from([1, -1]))
   i = draw(st.integers(-3, 3))
   j = draw(st.integers(-3, 3))
-  a = np.float32(half * (1 + i * 2.0 ** -23))
-  b = np.float32(1 - j * 2.0 ** -24)
+  a = np.float32(half * (1 + i * 2.0**-23))
+  b = np.float32(1 - j * 2.0**-24)
   return a, b, c
 
 
@@ -385,10 +415,12 @@ def test_fma_is_exactly_rounded_near_ties(triples):
 @st.composite
 def cancellation(draw):
   """c = -fl(a * b): the result is the product's rounding error, tiny and exact."""
+
   def moderate():
     mantissa = draw(st.floats(1, 2, width=32, exclude_max=True))
     sign = draw(st.sampled_from([1, -1]))
     return np.float32(sign * mantissa * 2.0 ** draw(st.integers(-50, 50)))
+
   a, b = moderate(), moderate()
   return a, b, -np.float32(a * b)
 
@@ -399,36 +431,50 @@ def test_fma_is_exactly_rounded_under_cancellation(triples):
   check_fma(*zip(*triples))
 
 
-subnormalish = st.floats(-2.0 ** -100, 2.0 ** -100, width=32)
+subnormalish = st.floats(-(2.0**-100), 2.0**-100, width=32)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.floats(-2.0 ** 30, 2.0 ** 30, width=32),
-                          subnormalish, subnormalish), min_size=1, max_size=20))
+@given(
+  st.lists(
+    st.tuples(st.floats(-(2.0**30), 2.0**30, width=32), subnormalish, subnormalish),
+    min_size=1,
+    max_size=20,
+  )
+)
 def test_fma_is_exactly_rounded_near_subnormals(triples):
   check_fma(*zip(*triples))
 
 
 def test_fma_fixed_adversarial_cases():
-  e = 2.0 ** -23
+  e = 2.0**-23
   cases = [
-      # 1 + 2^-23 + 2^-24 - 2^-70: f64 rounds it onto the tie, naive f32 rounding
-      # would go up to the even 1 + 2^-22; the exact answer is 1 + 2^-23.
-      (2.0 ** -24 * (1 + e), 1 - e, 1 + e),
-      (2.0 ** -24 * (1 + e), 1 - e, -(1 + e)),
-      (2.0 ** -24, 1.0, 1.0),                 # exact tie: to even (1.0)
-      (2.0 ** -24, 1.0, 1 + e),               # exact tie: to even (1 + 2^-22)
-      (2.0 ** -75, 2.0 ** -75, 0.0),          # product below the smallest subnormal / 2
-      (2.0 ** -75, 2.0 ** -75, 2.0 ** -149),  # subnormal plus a tiny exact product
-      (3 * 2.0 ** -76, 2.0 ** -74, 0.0),      # 1.5 subnormal ulps: tie to even
-      (-0.0, 5.0, -0.0), (0.0, -5.0, -0.0), (-0.0, -5.0, -0.0), (2.0, 3.0, -6.0),
-      (F32_MAX, 2.0, -F32_MAX), (F32_MAX, 1.0, F32_MAX), (F32_MAX, -1.0, -F32_MAX),
-      (np.inf, 0.0, 1.0), (np.inf, 1.0, -np.inf), (np.nan, 1.0, 1.0), (1.0, 1.0, np.inf),
+    # 1 + 2^-23 + 2^-24 - 2^-70: f64 rounds it onto the tie, naive f32 rounding
+    # would go up to the even 1 + 2^-22; the exact answer is 1 + 2^-23.
+    (2.0**-24 * (1 + e), 1 - e, 1 + e),
+    (2.0**-24 * (1 + e), 1 - e, -(1 + e)),
+    (2.0**-24, 1.0, 1.0),  # exact tie: to even (1.0)
+    (2.0**-24, 1.0, 1 + e),  # exact tie: to even (1 + 2^-22)
+    (2.0**-75, 2.0**-75, 0.0),  # product below the smallest subnormal / 2
+    (2.0**-75, 2.0**-75, 2.0**-149),  # subnormal plus a tiny exact product
+    (3 * 2.0**-76, 2.0**-74, 0.0),  # 1.5 subnormal ulps: tie to even
+    (-0.0, 5.0, -0.0),
+    (0.0, -5.0, -0.0),
+    (-0.0, -5.0, -0.0),
+    (2.0, 3.0, -6.0),
+    (F32_MAX, 2.0, -F32_MAX),
+    (F32_MAX, 1.0, F32_MAX),
+    (F32_MAX, -1.0, -F32_MAX),
+    (np.inf, 0.0, 1.0),
+    (np.inf, 1.0, -np.inf),
+    (np.nan, 1.0, 1.0),
+    (1.0, 1.0, np.inf),
   ]
   check_fma(*zip(*cases))
 
 
 # --- the ring all-reduce --------------------------------------------------------
+
 
 def exact_sum(inputs):
   return np.sum(np.stack([np.asarray(v, np.float64) for v in inputs]), axis=0)
@@ -444,7 +490,7 @@ def ring_inputs(draw):
   inputs = []
   for _ in range(n):
     scale = draw(st.sampled_from([1e-20, 1e-3, 1.0, 1e3, 1e20]))
-    seed = draw(st.integers(0, 2 ** 32 - 1))
+    seed = draw(st.integers(0, 2**32 - 1))
     v = np.random.default_rng(seed).standard_normal(size) * scale
     inputs.append(v.astype(np.float32).reshape(shape))
   return inputs, block
@@ -478,15 +524,20 @@ def test_reference_allreduce_keeps_common_zeros_exact(data, zero_frac, seed):
 
 
 @settings(max_examples=100, deadline=None)
-@given(data=ring_inputs(), bad=st.sampled_from([np.nan, np.inf, -np.inf]),
-       rank=st.integers(0, 7), where=st.integers(0, 1 << 12), two=st.booleans())
+@given(
+  data=ring_inputs(),
+  bad=st.sampled_from([np.nan, np.inf, -np.inf]),
+  rank=st.integers(0, 7),
+  where=st.integers(0, 1 << 12),
+  two=st.booleans(),
+)
 def test_reference_allreduce_never_finite_where_sum_is_not(data, bad, rank, where, two):
   inputs, block = data
   inputs = [v.copy().reshape(-1) for v in inputs]
   shape = np.shape(data[0][0])
   i = where % inputs[0].size
   inputs[rank % len(inputs)][i] = bad
-  if two:   # +inf on one rank and -inf on another: the exact sum is NaN
+  if two:  # +inf on one rank and -inf on another: the exact sum is NaN
     inputs[(rank + 1) % len(inputs)][i] = -np.inf
   inputs = [v.reshape(shape) for v in inputs]
   with np.errstate(invalid="ignore"):
@@ -506,14 +557,17 @@ def test_reference_allreduce_casts_to_out_dtype(out_dtype):
     np.testing.assert_array_equal(a.astype(out_dtype), b)
 
 
-@pytest.mark.parametrize("block, lo, hi", [
+@pytest.mark.parametrize(
+  "block, lo, hi",
+  [
     # Measured (seeds 0, 1, 2; 8 ranks x 2^20 standard normal f32 values):
     #   block 1024: 1.6668e-2, 1.6721e-2, 1.6662e-2   (README, Schemes: 1.67e-02)
     #   block  128: 1.3703e-2, 1.3729e-2, 1.3711e-2   (README, Schemes: 1.37e-02)
     # The seed-to-seed spread is under 0.5%; the windows are about +-5% around them.
     (1024, 1.58e-2, 1.76e-2),
     (128, 1.30e-2, 1.44e-2),
-])
+  ],
+)
 def test_relative_l2_error_on_gaussian_data_matches_design(block, lo, hi):
   rng = np.random.default_rng(0)
   inputs = [rng.standard_normal(1 << 20).astype(np.float32) for _ in range(8)]

@@ -11,8 +11,9 @@ import pytest
 
 from equarx_pass import quantize as qz
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "tools"))
+sys.path.insert(
+  0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
+)
 import bench_gpu_step  # noqa: E402
 
 VALUES, BLOCK = 8192, 1024
@@ -20,7 +21,8 @@ VALUES, BLOCK = 8192, 1024
 
 def _payload(rng, fmt):
   return bench_gpu_step.to_payload(
-      *qz.quantize(rng.standard_normal((1, VALUES), dtype=np.float32), BLOCK, fmt))
+    *qz.quantize(rng.standard_normal((1, VALUES), dtype=np.float32), BLOCK, fmt)
+  )
 
 
 @pytest.mark.parametrize("fmt_name", ["int8", "int4", "fp8_e4m3"])
@@ -48,4 +50,5 @@ def test_compare_reports_a_wrong_code():
 
 def test_cpu_arithmetic_is_what_the_model_assumes():
   assert bench_gpu_step.backend_arithmetic(jax) == dict(
-      reciprocal_not_ieee=0.0, mul_add_is_fma=True, mul_add_is_unfused=False)
+    reciprocal_not_ieee=0.0, mul_add_is_fma=True, mul_add_is_unfused=False
+  )

@@ -23,8 +23,9 @@ from jax.extend.mlir.dialects import stablehlo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(os.path.dirname(HERE), "hlo_fixtures")
-CHECK_FILES = sorted(os.path.basename(p)
-                     for p in glob.glob(os.path.join(HERE, "filecheck", "*.check")))
+CHECK_FILES = sorted(
+  os.path.basename(p) for p in glob.glob(os.path.join(HERE, "filecheck", "*.check"))
+)
 FIXTURE_FILES = sorted(n for n in os.listdir(FIXTURES) if n.endswith((".mlir", ".txt")))
 # Rewrite everything the pass can rewrite, whatever its size.
 # Most structure tests here are about the ring; the default two-shot has its own below.
@@ -38,8 +39,7 @@ def read_fixture(name: str) -> str:
 
 
 def transform(name: str, flags: str):
-  return equarx_pass.transform_text(read_fixture(name), equarx_pass.Policy.from_flags(flags),
-                                    name)
+  return equarx_pass.transform_text(read_fixture(name), equarx_pass.Policy.from_flags(flags), name)
 
 
 def read_check(check_name: str) -> tuple[str, str, str]:
@@ -48,7 +48,7 @@ def read_check(check_name: str) -> tuple[str, str, str]:
     text = f.read()
   prefix = "// RUN:"
   assert text.startswith(prefix), f"{check_name}: the first line must be '{prefix} FIXTURE FLAGS'"
-  fixture, _, flags = text.splitlines()[0][len(prefix):].strip().partition(" ")
+  fixture, _, flags = text.splitlines()[0][len(prefix) :].strip().partition(" ")
   return fixture, flags, text
 
 
@@ -82,6 +82,7 @@ def test_every_scheme_option_has_a_check_file():
   # Each algorithm, wire format, rotation and block layout, and microshards, is selected
   # by some check file's RUN line, so the structure it emits is pinned down.
   from equarx_pass import quantize, rotation, scheme as scheme_lib
+
   schemes = [equarx_pass.Policy.from_flags(read_check(name)[1]).scheme for name in CHECK_FILES]
   assert {s.algorithm for s in schemes} >= set(scheme_lib.ALGORITHMS)
   assert {s.format for s in schemes} >= set(quantize.FORMATS)
@@ -93,13 +94,19 @@ def test_every_scheme_option_has_a_check_file():
 # --- the site records ------------------------------------------------------------
 
 SKIPPED = [
-    ("pmax_f32.mlir", EVERYTHING, "reduction is not add (only sums are quantized)"),
-    ("psum_i32.mlir", EVERYTHING, "element type i32 not in --equarx_dtypes=bf16,f16,f32"),
-    ("small_psum_f32.mlir", "--equarx_enable", "256 bytes < --equarx_min_bytes=65536"),
-    ("tp_mlp_bf16.mlir", "--equarx_enable --equarx_dtypes=f32",
-     "element type bf16 not in --equarx_dtypes=f32"),
-    ("tp_mlp_f32.mlir", "--equarx_enable --equarx_max_bytes=131071",
-     "131072 bytes > --equarx_max_bytes=131071"),
+  ("pmax_f32.mlir", EVERYTHING, "reduction is not add (only sums are quantized)"),
+  ("psum_i32.mlir", EVERYTHING, "element type i32 not in --equarx_dtypes=bf16,f16,f32"),
+  ("small_psum_f32.mlir", "--equarx_enable", "256 bytes < --equarx_min_bytes=65536"),
+  (
+    "tp_mlp_bf16.mlir",
+    "--equarx_enable --equarx_dtypes=f32",
+    "element type bf16 not in --equarx_dtypes=f32",
+  ),
+  (
+    "tp_mlp_f32.mlir",
+    "--equarx_enable --equarx_max_bytes=131071",
+    "131072 bytes > --equarx_max_bytes=131071",
+  ),
 ]
 
 
@@ -124,18 +131,18 @@ def test_disabled_policy_rewrites_nothing():
 
 
 REWRITTEN = [
-    # fixture, [(shape, dtype, group size, groups)] per site, in module order
-    ("tp_mlp_f32.mlir", [((64, 512), "f32", 8, 1)]),
-    ("tp_mlp_bf16.mlir", [((64, 512), "bf16", 8, 1)]),
-    ("tp_mlp_f16.mlir", [((64, 512), "f16", 8, 1)]),
-    ("tp_mlp_4dev_f32.mlir", [((64, 512), "f32", 4, 1)]),
-    ("tp_attention_f32.mlir", [((64, 512), "f32", 8, 1)]),
-    ("scan_layers_f32.mlir", [((64, 512), "f32", 8, 1)]),
-    ("while_layers_f32.mlir", [((64, 512), "f32", 8, 1)]),
-    ("pmap_psum_f32.mlir", [((64, 512), "f32", 8, 1)]),
-    ("subgroups_2x4_f32.mlir", [((64, 512), "f32", 4, 2), ((64, 512), "f32", 2, 4)]),
-    ("cond_psum_f32.mlir", [((64, 512), "f32", 8, 1), ((64, 512), "f32", 8, 1)]),
-    ("tp_mlp_f32.before_optimizations.txt", [((64, 512), "f32", 8, 1)]),
+  # fixture, [(shape, dtype, group size, groups)] per site, in module order
+  ("tp_mlp_f32.mlir", [((64, 512), "f32", 8, 1)]),
+  ("tp_mlp_bf16.mlir", [((64, 512), "bf16", 8, 1)]),
+  ("tp_mlp_f16.mlir", [((64, 512), "f16", 8, 1)]),
+  ("tp_mlp_4dev_f32.mlir", [((64, 512), "f32", 4, 1)]),
+  ("tp_attention_f32.mlir", [((64, 512), "f32", 8, 1)]),
+  ("scan_layers_f32.mlir", [((64, 512), "f32", 8, 1)]),
+  ("while_layers_f32.mlir", [((64, 512), "f32", 8, 1)]),
+  ("pmap_psum_f32.mlir", [((64, 512), "f32", 8, 1)]),
+  ("subgroups_2x4_f32.mlir", [((64, 512), "f32", 4, 2), ((64, 512), "f32", 2, 4)]),
+  ("cond_psum_f32.mlir", [((64, 512), "f32", 8, 1), ((64, 512), "f32", 8, 1)]),
+  ("tp_mlp_f32.before_optimizations.txt", [((64, 512), "f32", 8, 1)]),
 ]
 
 
@@ -146,7 +153,7 @@ def test_rewritten_sites_are_recorded(fixture, sites):
   assert got == [((shape,), (dtype,), n, groups) for shape, dtype, n, groups in sites]
   for r in result.records:
     assert (r.decision, r.reason) == ("rewritten", "int8 ring, block 1024")
-    assert "make_fixtures.py:" in r.location      # the psum's source line, from debug info
+    assert "make_fixtures.py:" in r.location  # the psum's source line, from debug info
     # int8 plus one f32 scale per 1024 values against the original dtype's ring.
     bits = 8 + 32 / 1024
     ratio = 8 * {"f32": 4, "bf16": 2, "f16": 2}[r.dtypes[0]] / bits
@@ -156,11 +163,12 @@ def test_rewritten_sites_are_recorded(fixture, sites):
 
 # --- collectives across every fixture --------------------------------------------
 
+
 @dataclasses.dataclass
 class Collective:
-  name: str                         # "stablehlo.all_reduce" or "stablehlo.collective_permute"
-  handle: int | None                # channel handle
-  devices: np.ndarray               # replica groups (rows) or source-target pairs
+  name: str  # "stablehlo.all_reduce" or "stablehlo.collective_permute"
+  handle: int | None  # channel handle
+  devices: np.ndarray  # replica groups (rows) or source-target pairs
 
 
 def collectives(text: str, name: str) -> list[Collective]:
@@ -172,8 +180,9 @@ def collectives(text: str, name: str) -> list[Collective]:
     if op.name != name:
       continue
     attrs = op.attributes
-    handle = (stablehlo.ChannelHandle(attrs["channel_handle"]).handle
-              if "channel_handle" in attrs else None)
+    handle = (
+      stablehlo.ChannelHandle(attrs["channel_handle"]).handle if "channel_handle" in attrs else None
+    )
     key = "source_target_pairs" if name == "stablehlo.collective_permute" else "replica_groups"
     dense = ir.DenseIntElementsAttr(attrs[key])
     shape = ir.ShapedType(dense.type).shape
@@ -209,9 +218,11 @@ def test_permutes_have_fresh_handles_and_stay_in_groups(fixture):
   for op in rings:
     pairs = op.devices
     assert sorted(pairs[:, 0]) == sorted(set(pairs[:, 0])) == sorted(set(pairs[:, 1]))
-    assert any(all(any({s, t} <= g for g in groups) for s, t in pairs.tolist()) and
-               set().union(*groups) == set(pairs[:, 0].tolist())
-               for groups in group_sets), pairs
+    assert any(
+      all(any({s, t} <= g for g in groups) for s, t in pairs.tolist())
+      and set().union(*groups) == set(pairs[:, 0].tolist())
+      for groups in group_sets
+    ), pairs
 
 
 @pytest.mark.parametrize("fixture", FIXTURE_FILES)
@@ -237,14 +248,15 @@ def test_default_two_shot_collectives_use_the_sites_groups(fixture):
 def test_subgroup_rings_never_cross_groups():
   rings = permutes(transform("subgroups_2x4_f32.mlir", RING).text)
   assert len(rings) == 4
-  for op in rings[:2]:                      # tp: within {0..3} and within {4..7}
+  for op in rings[:2]:  # tp: within {0..3} and within {4..7}
     assert all((s < 4) == (t < 4) and s != t for s, t in op.devices.tolist())
-  for op in rings[2:]:                      # dp: between d and d + 4 only
+  for op in rings[2:]:  # dp: between d and d + 4 only
     assert all(abs(s - t) == 4 for s, t in op.devices.tolist())
 
 
-@pytest.mark.parametrize("fixture", ["tp_mlp_f32.mlir", "subgroups_2x4_f32.mlir",
-                                     "tp_mlp_f32.before_optimizations.txt"])
+@pytest.mark.parametrize(
+  "fixture", ["tp_mlp_f32.mlir", "subgroups_2x4_f32.mlir", "tp_mlp_f32.before_optimizations.txt"]
+)
 def test_output_reparses_and_is_deterministic(fixture):
   first = transform(fixture, "--equarx_enable").text
   assert transform(fixture, "--equarx_enable").text == first
@@ -274,8 +286,9 @@ def _op_counts(text: str):
   return collections.Counter(op.name for op in match.walk(module.operation))
 
 
-@pytest.mark.parametrize("fixture", ["tp_mlp_f32.mlir", "cond_psum_f32.mlir",
-                                     "while_layers_f32.mlir"])
+@pytest.mark.parametrize(
+  "fixture", ["tp_mlp_f32.mlir", "cond_psum_f32.mlir", "while_layers_f32.mlir"]
+)
 def test_outlined_sites_hold_the_same_ops_as_inline_ones(fixture):
   """--equarx_outline=on moves each site's ops into a function and adds only the function,
   its return and the call: the same program, one nesting level down."""
@@ -294,8 +307,11 @@ def test_outlined_sites_hold_the_same_ops_as_inline_ones(fixture):
 def test_outlined_function_names_do_not_clash():
   text = read_fixture("tp_mlp_f32.mlir")
   main = text.index("  func.func public @main")
-  text = text[:main] + "  func.func private @equarx_allreduce_0() {\n    return\n  }\n" + text[main:]
+  text = (
+    text[:main] + "  func.func private @equarx_allreduce_0() {\n    return\n  }\n" + text[main:]
+  )
   result = equarx_pass.transform_text(
-      text, equarx_pass.Policy.from_flags("--equarx_enable --equarx_outline=on"))
+    text, equarx_pass.Policy.from_flags("--equarx_enable --equarx_outline=on")
+  )
   assert "func.call @equarx_allreduce_0_2(" in result.text
   assert "func.func private @equarx_allreduce_0()" in result.text

@@ -22,17 +22,20 @@ from meshes import psum_program
 
 TILED = "--equarx_enable --equarx_min_bytes=0 --equarx_platform=tpu "
 EXACT = [
-    "--equarx_rotation=none",
-    "--equarx_rotation=none --equarx_block_size=256",
-    "--equarx_rotation=none --equarx_block_size=2048",
-    "--equarx_rotation=none --equarx_block_size=128",
-    "--equarx_rotation=none --equarx_block_size=64",          # lanes = the block
-    "--equarx_rotation=none --equarx_format=fp8_e4m3",
-    "--equarx_algorithm=ring --equarx_rotation=none",
-    "--equarx_algorithm=ring --equarx_rotation=none --equarx_block_size=128",
+  "--equarx_rotation=none",
+  "--equarx_rotation=none --equarx_block_size=256",
+  "--equarx_rotation=none --equarx_block_size=2048",
+  "--equarx_rotation=none --equarx_block_size=128",
+  "--equarx_rotation=none --equarx_block_size=64",  # lanes = the block
+  "--equarx_rotation=none --equarx_format=fp8_e4m3",
+  "--equarx_algorithm=ring --equarx_rotation=none",
+  "--equarx_algorithm=ring --equarx_rotation=none --equarx_block_size=128",
 ]
-ROTATED = ["", "--equarx_block_size=128 --equarx_rotation_size=128",
-           "--equarx_algorithm=ring --equarx_rotation=hadamard"]
+ROTATED = [
+  "",
+  "--equarx_block_size=128 --equarx_rotation_size=128",
+  "--equarx_algorithm=ring --equarx_rotation=hadamard",
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +56,7 @@ def _run(flags, inputs):
 @pytest.mark.parametrize("flags", EXACT)
 def test_tiled_equals_model_bit_for_bit(flags, inputs):
   fn, out = _run(flags, inputs)
-  model = scheme_lib.reference([inputs[i:i + 1] for i in range(8)], fn.policy.scheme)
+  model = scheme_lib.reference([inputs[i : i + 1] for i in range(8)], fn.policy.scheme)
   for r in range(8):
     np.testing.assert_array_equal(out[r], model[r][0], err_msg=f"rank {r}")
 
@@ -64,7 +67,7 @@ def test_tiled_rotation_same_bits_on_every_rank_and_accurate(flags, inputs):
   for r in range(8):
     np.testing.assert_array_equal(out[r], out[0])
   exact = inputs.astype(np.float64).sum(0)
-  model = scheme_lib.reference([inputs[i:i + 1] for i in range(8)], fn.policy.scheme)[0][0]
+  model = scheme_lib.reference([inputs[i : i + 1] for i in range(8)], fn.policy.scheme)[0][0]
   err = np.linalg.norm(out[0] - exact) / np.linalg.norm(exact)
   model_err = np.linalg.norm(model - exact) / np.linalg.norm(exact)
   # Not bit for bit (the forward rotation rounds in another order), but as accurate.
@@ -74,19 +77,23 @@ def test_tiled_rotation_same_bits_on_every_rank_and_accurate(flags, inputs):
 def test_tiled_form_has_no_loop_and_no_packed_scales(inputs):
   mesh = Mesh(np.array(jax.devices()), ("tp",))
   fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=TILED)
-  module = ir.Module.parse(fn.lower(inputs).as_text(dialect="stablehlo"),
-                           context=_jax_private.make_ir_context())
+  module = ir.Module.parse(
+    fn.lower(inputs).as_text(dialect="stablehlo"), context=_jax_private.make_ir_context()
+  )
   names = [op.name for op in match.walk(module.operation)]
   assert "stablehlo.while" not in names and "stablehlo.bitcast_convert" not in names
   assert names.count("stablehlo.all_to_all") == 2 and names.count("stablehlo.all_gather") == 2
-  assert names.count("stablehlo.dot_general") == 2            # forward and inverse rotation
+  assert names.count("stablehlo.dot_general") == 2  # forward and inverse rotation
 
 
-@pytest.mark.parametrize("flags,why", [
+@pytest.mark.parametrize(
+  "flags,why",
+  [
     ("--equarx_algorithm=bidirectional", "bidirectional is emitted flat"),
     ("--equarx_algorithm=ring --equarx_microshards=2", "microshards are emitted flat"),
     ("--equarx_format=int4 --equarx_block_size=128", "int4 is emitted flat"),
-])
+  ],
+)
 def test_schemes_without_a_tiled_form_say_so(flags, why, inputs):
   mesh = Mesh(np.array(jax.devices()), ("tp",))
   fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=TILED + flags)
@@ -111,12 +118,14 @@ def test_tiled_equals_model_subgroups_bf16(block, algorithm, inputs):
   """2x4 mesh, groups of 4, bf16 in and out."""
   mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
   x = inputs.astype(jax.numpy.bfloat16)
-  fn = equarx_pass.jit(psum_program(mesh, "tp"),
-                       flags=TILED + f"--equarx_rotation=none --equarx_block_size={block} "
-                       f"--equarx_algorithm={algorithm}")
+  fn = equarx_pass.jit(
+    psum_program(mesh, "tp"),
+    flags=TILED + f"--equarx_rotation=none --equarx_block_size={block} "
+    f"--equarx_algorithm={algorithm}",
+  )
   out = np.asarray(fn(x))
   for group in range(2):
     ranks = range(4 * group, 4 * group + 4)
-    model = scheme_lib.reference([x[r:r + 1] for r in ranks], fn.policy.scheme)
+    model = scheme_lib.reference([x[r : r + 1] for r in ranks], fn.policy.scheme)
     for i, r in enumerate(ranks):
       np.testing.assert_array_equal(out[r], model[i][0], err_msg=f"rank {r}")

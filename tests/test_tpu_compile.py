@@ -14,8 +14,7 @@ import equarx_pass
 from equarx_pass.compile import compile_for_target
 from equarx_pass.errors import CompileError
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                        "hlo_fixtures")
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hlo_fixtures")
 
 
 def read_fixture(name: str) -> str:
@@ -23,19 +22,20 @@ def read_fixture(name: str) -> str:
     return f.read()
 
 
-pytestmark = pytest.mark.libtpu     # skipped without libtpu (pip install 'equarx-pass[tpu]')
+pytestmark = pytest.mark.libtpu  # skipped without libtpu (pip install 'equarx-pass[tpu]')
 
 RING = " --equarx_algorithm=ring --equarx_rotation=none"
 
 
 def rewrite(name: str, flags: str = "--equarx_enable" + RING):
-  return equarx_pass.transform_text(read_fixture(name), equarx_pass.Policy.from_flags(flags),
-                                    name)
+  return equarx_pass.transform_text(read_fixture(name), equarx_pass.Policy.from_flags(flags), name)
 
 
 def test_v5e_compiles_the_rewritten_4_device_mlp():
   # Through the policy, as `equarx-opt --equarx_compile_for` does it.
-  result = rewrite("tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2" + RING)
+  result = rewrite(
+    "tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2" + RING
+  )
   tpu = result.tpu
   assert tpu.target == "tpu:v5e:2x2" and tpu.num_devices == 4
   # The tiled ring (what a TPU gets): 3 reduce-scatter steps written out, each permuting
@@ -73,7 +73,7 @@ def test_v4_compiles_the_ring_inside_a_scan():
 
 
 def test_wrong_device_count_is_a_compile_error():
-  result = rewrite("tp_mlp_f32.mlir")          # 8 devices; v5e:2x2 has 4
+  result = rewrite("tp_mlp_f32.mlir")  # 8 devices; v5e:2x2 has 4
   with pytest.raises(CompileError, match="runs on 8 devices .* but v5e:2x2 has 4"):
     compile_for_target(result.text, "tpu:v5e:2x2")
 

@@ -22,8 +22,9 @@ import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                           " --xla_force_host_platform_device_count=8").strip()
+os.environ["XLA_FLAGS"] = (
+  os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+).strip()
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -63,11 +64,19 @@ def measure(name, fun, by_hand, args, flags, reps):
   err = np.linalg.norm(np.asarray(out, np.float64) - want) / np.linalg.norm(want)
   shards = [np.asarray(s.data).tobytes() for s in out.addressable_shards]
   med = statistics.median
-  return dict(program=name, route=low.route,
-              sites=f"{sum(r.rewritten for r in low.records)}/{len(low.records)}",
-              plain=med(plain_times), equarx=med(eq_times), first=med(first),
-              pass_=med(passes), rewritten=med(rewritten_compile), hand=med(hand),
-              err=err, identical=all(s == shards[0] for s in shards))
+  return dict(
+    program=name,
+    route=low.route,
+    sites=f"{sum(r.rewritten for r in low.records)}/{len(low.records)}",
+    plain=med(plain_times),
+    equarx=med(eq_times),
+    first=med(first),
+    pass_=med(passes),
+    rewritten=med(rewritten_compile),
+    hand=med(hand),
+    err=err,
+    identical=all(s == shards[0] for s in shards),
+  )
 
 
 def main(argv=None):
@@ -76,21 +85,57 @@ def main(argv=None):
   parser.add_argument("--flags", default="--equarx_enable")
   opts = parser.parse_args(argv)
   mesh = ex.tp_mesh()
-  rows = [measure("TP MLP 64x256, ffn 1024", ex.mlp, ex.mlp_by_hand(mesh), ex.mlp_inputs(mesh),
-                  opts.flags, opts.reps),
-          measure("transformer block 2x64x256", ex.block, ex.block_by_hand(mesh),
-                  ex.block_inputs(mesh), opts.flags, opts.reps)]
-  print(f"flags: {opts.flags}; median of {opts.reps}; 8 CPU devices; times in seconds "
-        "(lower + compile)")
-  columns = ["program", "sites rewritten", "jax.jit", "equarx_pass.jit",
-             "= partitioning compile + pass + lower and rewritten compile", "ratio",
-             "same by hand (shard_map + psum), equarx_pass.jit", "rel. error vs jax.jit",
-             "ranks identical"]
-  cells = [dict(zip(columns, [
-      r["program"], r["sites"], f"{r['plain']:.3f}", f"{r['equarx']:.3f}",
-      f"{r['first']:.3f} + {r['pass_']:.3f} + {r['rewritten']:.3f}",
-      f"{r['equarx'] / r['plain']:.1f}x", f"{r['hand']:.3f}", f"{r['err']:.2e}",
-      r["identical"]])) for r in rows]
+  rows = [
+    measure(
+      "TP MLP 64x256, ffn 1024",
+      ex.mlp,
+      ex.mlp_by_hand(mesh),
+      ex.mlp_inputs(mesh),
+      opts.flags,
+      opts.reps,
+    ),
+    measure(
+      "transformer block 2x64x256",
+      ex.block,
+      ex.block_by_hand(mesh),
+      ex.block_inputs(mesh),
+      opts.flags,
+      opts.reps,
+    ),
+  ]
+  print(
+    f"flags: {opts.flags}; median of {opts.reps}; 8 CPU devices; times in seconds (lower + compile)"
+  )
+  columns = [
+    "program",
+    "sites rewritten",
+    "jax.jit",
+    "equarx_pass.jit",
+    "= partitioning compile + pass + lower and rewritten compile",
+    "ratio",
+    "same by hand (shard_map + psum), equarx_pass.jit",
+    "rel. error vs jax.jit",
+    "ranks identical",
+  ]
+  cells = [
+    dict(
+      zip(
+        columns,
+        [
+          r["program"],
+          r["sites"],
+          f"{r['plain']:.3f}",
+          f"{r['equarx']:.3f}",
+          f"{r['first']:.3f} + {r['pass_']:.3f} + {r['rewritten']:.3f}",
+          f"{r['equarx'] / r['plain']:.1f}x",
+          f"{r['hand']:.3f}",
+          f"{r['err']:.2e}",
+          r["identical"],
+        ],
+      )
+    )
+    for r in rows
+  ]
   print(benchlib.markdown_table(cells, columns))
 
 

@@ -50,6 +50,7 @@ def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True):
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import PartitionSpec as P
+
   n = mesh.shape["tp"]
   heads = HEADS // n if HEADS >= n else 1
 
@@ -73,15 +74,17 @@ def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True):
     else:
       for p in params:
         x = layer(x, p)
-    return (x ** 2).mean()
+    return (x**2).mean()
 
   f32 = jnp.float32
   shapes = dict(wqkv=(HIDDEN, 3 * HIDDEN), wo=(HIDDEN, HIDDEN), w1=(HIDDEN, FFN), w2=(FFN, HIDDEN))
-  split = dict(wqkv=1, wo=0, w1=1, w2=0)       # column- or row-parallel
+  split = dict(wqkv=1, wo=0, w1=1, w2=0)  # column- or row-parallel
+
   def pspec(name, stacked):
     dims = [None, None]
     dims[split[name]] = "tp"
     return P(*([None] * stacked + dims))
+
   # Scan: stacked weights [layers, ...].  Unrolled: one dict per layer (slicing a
   # stacked array per layer would make the gradient add `layers` full-size
   # zero-padded copies: quadratic, and not what a real model does).
@@ -90,13 +93,16 @@ def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True):
     params = {k: jax.ShapeDtypeStruct((layers,) + v, f32) for k, v in shapes.items()}
   else:
     spec = [{k: pspec(k, 0) for k in shapes}] * layers
-    params = [{k: jax.ShapeDtypeStruct(v, f32) for k, v in shapes.items()}
-              for _ in range(layers)]
+    params = [{k: jax.ShapeDtypeStruct(v, f32) for k, v in shapes.items()} for _ in range(layers)]
   if train:
     # Gradients for the input too (as for a pipeline stage), so that every layer
     # has its backward all-reduces: 4 sites per layer.
-    step = jax.shard_map(jax.value_and_grad(loss, argnums=(0, 1)), mesh=mesh,
-                         in_specs=(spec, P()), out_specs=(P(), (spec, P())))
+    step = jax.shard_map(
+      jax.value_and_grad(loss, argnums=(0, 1)),
+      mesh=mesh,
+      in_specs=(spec, P()),
+      out_specs=(P(), (spec, P())),
+    )
   else:
     step = jax.shard_map(loss, mesh=mesh, in_specs=(spec, P()), out_specs=P())
   return step, (params, jax.ShapeDtypeStruct((TOKENS, HIDDEN), f32))
@@ -104,22 +110,30 @@ def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True):
 
 def hlo_stats(text: str) -> dict:
   lines = [l for l in text.splitlines() if " = " in l]
-  return {"instructions": len(lines),
-          "fusions": sum(1 for l in lines if re.search(r"\bfusion\(", l)),
-          "whiles": sum(1 for l in lines if re.search(r"\bwhile\(", l)),
-          "permutes": sum(1 for l in lines if "collective-permute" in l),
-          "all_to_alls": sum(1 for l in lines if re.search(r"all-to-all(-start)?\(", l)),
-          "all_gathers": sum(1 for l in lines if re.search(r"all-gather(-start)?\(", l)),
-          "all_reduces": sum(1 for l in lines if re.search(r"all-reduce(-start)?\(", l)),
-          "computations": len(re.findall(r"^(?:ENTRY )?%\S+ .*\{$", text, re.M))}
+  return {
+    "instructions": len(lines),
+    "fusions": sum(1 for l in lines if re.search(r"\bfusion\(", l)),
+    "whiles": sum(1 for l in lines if re.search(r"\bwhile\(", l)),
+    "permutes": sum(1 for l in lines if "collective-permute" in l),
+    "all_to_alls": sum(1 for l in lines if re.search(r"all-to-all(-start)?\(", l)),
+    "all_gathers": sum(1 for l in lines if re.search(r"all-gather(-start)?\(", l)),
+    "all_reduces": sum(1 for l in lines if re.search(r"all-reduce(-start)?\(", l)),
+    "computations": len(re.findall(r"^(?:ENTRY )?%\S+ .*\{$", text, re.M)),
+  }
 
 
 # Compiler phases that XLA:CPU reports to the profiler (TraceMe events).  Their
 # time is summed over threads, so parallel codegen can add up past the wall time.
-PHASES = ("PjRtCpuClient::Compile", "spmd-partitioner", "HLO passes through layout assignment",
-          "HLO passes after layout assignment", "CpuCompiler::RunBackend",
-          "ThunkEmitter::EmitEntryComputation", "FusionCompiler::Compile",
-          "JitCompiler::Compile")
+PHASES = (
+  "PjRtCpuClient::Compile",
+  "spmd-partitioner",
+  "HLO passes through layout assignment",
+  "HLO passes after layout assignment",
+  "CpuCompiler::RunBackend",
+  "ThunkEmitter::EmitEntryComputation",
+  "FusionCompiler::Compile",
+  "JitCompiler::Compile",
+)
 
 
 @contextlib.contextmanager
@@ -129,10 +143,11 @@ def profiled():
   import tempfile
 
   import jax
+
   phases: dict[str, float] = {}
   trace_dir = tempfile.mkdtemp(prefix="bench-compile-trace-")
   options = jax.profiler.ProfileOptions()
-  options.python_tracer_level = 0      # C++ compiler events only: cheap and small
+  options.python_tracer_level = 0  # C++ compiler events only: cheap and small
   options.enable_hlo_proto = False
   jax.profiler.start_trace(trace_dir, profiler_options=options)
   try:
@@ -155,11 +170,13 @@ def child(cfg: dict) -> dict:
   """One measurement in this (fresh) process."""
   os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
+
   jax.config.update("jax_num_cpu_devices", DEVICES)
   import numpy as np
   from jax.sharding import Mesh
 
   import equarx_pass
+
   mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("tp",))
   step, args = build_step(jax, mesh, cfg["layers"], cfg["scanned"], cfg["model"] == "train")
   out = {}
@@ -170,17 +187,19 @@ def child(cfg: dict) -> dict:
   if cfg["scheme"]:
     policy = equarx_pass.Policy.from_flags(cfg["scheme"] + " --equarx_min_bytes=0")
     times = []
-    for _ in range(3):       # the pass alone, best of 3
+    for _ in range(3):  # the pass alone, best of 3
       result = equarx_pass.rewrite_module(module, policy, platform="cpu")
       times.append(result.seconds)
     out["pass_s"] = min(times)
     out["sites"] = len(result.records)
     out["rewritten"] = sum(r.rewritten for r in result.records)
     from equarx_pass import _jax_private
+
     lowered = _jax_private.lowered_with_module(lowered, result.module)
     module = result.module
   else:
     from equarx_pass import match
+
     out["sites"] = len(match.find_all_reduces(module))
   out["module_ops"] = str(module).count(" = ")
   with profiled() as phases:
@@ -191,6 +210,7 @@ def child(cfg: dict) -> dict:
   out.update(hlo_stats(compiled.as_text()))
   if cfg.get("tpu"):
     from equarx_pass import compile as compile_lib
+
     try:
       tpu = compile_lib.compile_for_target(str(module), cfg["tpu"])
       out["tpu_compile_s"] = tpu.seconds
@@ -205,8 +225,13 @@ def run_child(cfg: dict, timeout: float = 900) -> dict:
   if cfg.get("xla_flags"):
     env["XLA_FLAGS"] = cfg["xla_flags"]
   try:
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(
+      [sys.executable, os.path.abspath(__file__), "--child", json.dumps(cfg)],
+      capture_output=True,
+      text=True,
+      timeout=timeout,
+      env=env,
+    )
   except subprocess.TimeoutExpired:
     return {"error": f"timed out after {timeout:.0f} s"}
   lines = proc.stdout.strip().splitlines()
@@ -220,8 +245,12 @@ def main() -> int:
   benchlib.add_scheme_argument(ap)
   ap.add_argument("--layers", type=int, default=64)
   ap.add_argument("--quick", action="store_true", help="16 layers, fewer variants")
-  ap.add_argument("--programs", nargs="+", default=["train", "scan", "forward", "forward-O0"],
-                  help="which programs: train (unrolled), scan, forward, forward-O0")
+  ap.add_argument(
+    "--programs",
+    nargs="+",
+    default=["train", "scan", "forward", "forward-O0"],
+    help="which programs: train (unrolled), scan, forward, forward-O0",
+  )
   ap.add_argument("--tpu", default="tpu:v4:2x2x1", help="also compile for this topology ('' off)")
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "compile.json"))
   ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -238,43 +267,84 @@ def main() -> int:
   # Which compiles, and why each.  A TPU compile of the rewritten unrolled model
   # takes many minutes (seconds per site), so TPU compiles are done for the scan.
   configs = []
+
   def add(model, scanned, schemes_, tpu="", xla_flags=""):
     for s in [""] + list(schemes_):
-      configs.append(dict(model=model, layers=args.layers, scanned=scanned, scheme=s, tpu=tpu,
-                          xla_flags=xla_flags))
+      configs.append(
+        dict(
+          model=model, layers=args.layers, scanned=scanned, scheme=s, tpu=tpu, xla_flags=xla_flags
+        )
+      )
+
   if "train" in args.programs:
-    add("train", False, unrolled_schemes)         # the 256-site module
+    add("train", False, unrolled_schemes)  # the 256-site module
   if "scan" in args.programs:
-    add("train", True, ok, tpu=args.tpu)          # the same model under scan: 4 sites
+    add("train", True, ok, tpu=args.tpu)  # the same model under scan: 4 sites
   if "forward" in args.programs and not args.quick:
-    add("forward", False, unrolled_schemes)       # a small original: 128 sites
+    add("forward", False, unrolled_schemes)  # a small original: 128 sites
   if "forward-O0" in args.programs and not args.quick:
     # Where the time goes: the same compiles with LLVM's optimisation off.
     add("forward", False, unrolled_schemes, xla_flags="--xla_backend_optimization_level=0")
-  print(f"{len(configs)} compiles of a {args.layers}-layer model in child processes "
-        f"(about {args.layers * 0.16 + 1:.0f} min on 2 cores)", flush=True)
+  print(
+    f"{len(configs)} compiles of a {args.layers}-layer model in child processes "
+    f"(about {args.layers * 0.16 + 1:.0f} min on 2 cores)",
+    flush=True,
+  )
   rows = []
   for cfg in configs:
     res = run_child(cfg)
     row = dict(cfg, **res)
     rows.append(row)
-    print("  " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v)
-                             for k, v in row.items()}), flush=True)
+    print(
+      "  " + json.dumps({k: (round(v, 3) if isinstance(v, float) else v) for k, v in row.items()}),
+      flush=True,
+    )
 
   # Ratios against the original of the same form and flags.
   def original(r):
-    return next((o for o in rows if not o["scheme"] and o["scanned"] == r["scanned"]
-                 and o["model"] == r["model"]
-                 and o.get("xla_flags") == r.get("xla_flags") and "compile_s" in o), None)
-  cols = ["model", "form", "scheme", "XLA flags", "sites", "pass s", "pass ms/site", "compile s",
-          "x original", "HLO passes s", "backend s", "fusion emitters s", "LLVM JIT s",
-          "TPU compile s", "TPU x original", "HLO instrs", "fusions", "whiles"]
+    return next(
+      (
+        o
+        for o in rows
+        if not o["scheme"]
+        and o["scanned"] == r["scanned"]
+        and o["model"] == r["model"]
+        and o.get("xla_flags") == r.get("xla_flags")
+        and "compile_s" in o
+      ),
+      None,
+    )
+
+  cols = [
+    "model",
+    "form",
+    "scheme",
+    "XLA flags",
+    "sites",
+    "pass s",
+    "pass ms/site",
+    "compile s",
+    "x original",
+    "HLO passes s",
+    "backend s",
+    "fusion emitters s",
+    "LLVM JIT s",
+    "TPU compile s",
+    "TPU x original",
+    "HLO instrs",
+    "fusions",
+    "whiles",
+  ]
   table_rows = []
   for r in rows:
     o = original(r)
-    t = {"model": f"{r['layers']}-layer {r['model']}", "form": "scan" if r["scanned"] else "unrolled",
-         "scheme": benchlib.scheme_label(r["scheme"]) if r["scheme"] else "original",
-         "XLA flags": r.get("xla_flags", "").replace("--xla_", "") or "-", "sites": r.get("sites")}
+    t = {
+      "model": f"{r['layers']}-layer {r['model']}",
+      "form": "scan" if r["scanned"] else "unrolled",
+      "scheme": benchlib.scheme_label(r["scheme"]) if r["scheme"] else "original",
+      "XLA flags": r.get("xla_flags", "").replace("--xla_", "") or "-",
+      "sites": r.get("sites"),
+    }
     if "error" in r:
       t["compile s"] = r["error"][:60]
       table_rows.append(t)
@@ -291,7 +361,9 @@ def main() -> int:
         t["TPU x original"] = f"{r['tpu_ratio']:.2f}"
     ph = r.get("phases_s", {})
     if ph:
-      t["HLO passes s"] = f"{ph.get(PHASES[2], 0) + ph.get(PHASES[3], 0) + ph.get(PHASES[1], 0):.2f}"
+      t["HLO passes s"] = (
+        f"{ph.get(PHASES[2], 0) + ph.get(PHASES[3], 0) + ph.get(PHASES[1], 0):.2f}"
+      )
       t["backend s"] = f"{ph.get('CpuCompiler::RunBackend', 0):.2f}"
       t["fusion emitters s"] = f"{ph.get('FusionCompiler::Compile', 0):.2f}"
       t["LLVM JIT s"] = f"{ph.get('JitCompiler::Compile', 0):.2f}"
@@ -302,10 +374,15 @@ def main() -> int:
   print(benchlib.table(table_rows, cols))
   if missing:
     print("not available in this checkout: " + ", ".join(benchlib.scheme_label(s) for s in missing))
-  benchlib.write_results(args.out, rows, table_rows, cols, layers=args.layers,
-                         model=dict(tokens=TOKENS, hidden=HIDDEN, ffn=FFN, heads=HEADS,
-                                    devices=DEVICES),
-                         unavailable=missing)
+  benchlib.write_results(
+    args.out,
+    rows,
+    table_rows,
+    cols,
+    layers=args.layers,
+    model=dict(tokens=TOKENS, hidden=HIDDEN, ffn=FFN, heads=HEADS, devices=DEVICES),
+    unavailable=missing,
+  )
   plot(rows, os.path.splitext(args.out)[0] + ".png")
   return 0
 
@@ -316,12 +393,22 @@ def plot(rows, path) -> None:
     return
   rs = [r for r in rows if "compile_s" in r and not r.get("xla_flags")]
   fig, ax = plt.subplots(figsize=(7, 3))
-  labels = [r["model"] + ", " + ("scan" if r["scanned"] else "unrolled") + "\n" +
-            (benchlib.scheme_label(r["scheme"]) if r["scheme"] else "original") for r in rs]
+  labels = [
+    r["model"]
+    + ", "
+    + ("scan" if r["scanned"] else "unrolled")
+    + "\n"
+    + (benchlib.scheme_label(r["scheme"]) if r["scheme"] else "original")
+    for r in rs
+  ]
   xs = range(len(rs))
   ax.bar([x - 0.2 for x in xs], [r["compile_s"] for r in rs], 0.4, label="XLA:CPU compile")
-  ax.bar([x + 0.2 for x in xs], [r.get("tpu_compile_s", 0) for r in rs], 0.4,
-         label="TPU (libtpu AOT) compile")
+  ax.bar(
+    [x + 0.2 for x in xs],
+    [r.get("tpu_compile_s", 0) for r in rs],
+    0.4,
+    label="TPU (libtpu AOT) compile",
+  )
   ax.set_xticks(list(xs), labels, fontsize=7)
   ax.set_ylabel("seconds")
   ax.set_title(f"{rows[0]['layers']}-layer TP transformer: compile time", fontsize=9)

@@ -28,7 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 
-SIZES = ["1M", "4M", "16M", "64M"]            # values per chunk
+SIZES = ["1M", "4M", "16M", "64M"]  # values per chunk
 FORMATS = ["int8", "int4", "fp8_e4m3"]
 LINKS = {"450 GB/s": 450e9, "100 Gbit/s": 100e9 / 8, "1 Gbit/s": 1e9 / 8}
 
@@ -40,11 +40,14 @@ def step_program(jax, c: int, block: int, fmt):
   from jax.extend.mlir.dialects import func
 
   from equarx_pass import _jax_private, build, match
+
   p = fmt.payload_bytes(c, c // block)
   payload_spec = jax.ShapeDtypeStruct((1, p), jnp.int8)
   local_spec = jax.ShapeDtypeStruct((1, c), jnp.float32)
   # Lower a function of the right signature, then replace its body with the step.
-  lowered = jax.jit(lambda payload, local: payload, keep_unused=True).lower(payload_spec, local_spec)
+  lowered = jax.jit(lambda payload, local: payload, keep_unused=True).lower(
+    payload_spec, local_spec
+  )
   module = lowered.compiler_ir("stablehlo")
   block_ = match.find_function(module, "main").opview.body.blocks[0]
   for op in list(block_.operations):
@@ -60,12 +63,14 @@ def step_program(jax, c: int, block: int, fmt):
 def to_payload(codes, scale):
   """The wire payload of one chunk, int8 [1, P]: codes, then the f32 scales' bytes."""
   import numpy as np
+
   return np.concatenate([codes.reshape(1, -1), scale.view(np.int8).reshape(1, -1)], 1)
 
 
 def from_payload(payload, c, fmt):
   """(codes int8, scales f32) of an int8 [1, P] payload of c values."""
   import numpy as np
+
   code_bytes = fmt.code_bytes(c)
   return payload[0, :code_bytes], payload[0, code_bytes:].copy().view(np.float32)
 
@@ -74,6 +79,7 @@ def model_step(payload, local, c, block, fmt, fma=True):
   """The NumPy model's step.  fma=False rounds the product before the add, as a
   backend that does not contract Dq's multiply into the add would."""
   from equarx_pass import quantize as qz
+
   codes, scale = from_payload(payload, c, fmt)
   local = local.reshape(-1, block)
   if fma:
@@ -88,6 +94,7 @@ def compare(out, payload, local, c, block, fmt) -> str:
   """Which model the device's bits equal, or how far they are from the nearer one."""
   import numpy as np
   from equarx_pass import quantize as qz
+
   got_codes, got_scale = from_payload(out, c, fmt)
   got_values = qz.codes_to_f32(got_codes, fmt, block)
   found = []
@@ -99,18 +106,21 @@ def compare(out, payload, local, c, block, fmt) -> str:
     want_values = qz.codes_to_f32(want_codes, fmt, block)
     codes_off = (got_values != want_values).mean()
     scales_off = (got_scale != want_scale).mean()
-    found.append((codes_off + scales_off, name, codes_off,
-                  np.abs(got_values - want_values).max(), scales_off))
+    found.append(
+      (codes_off + scales_off, name, codes_off, np.abs(got_values - want_values).max(), scales_off)
+    )
   _, name, codes_off, worst, scales_off = min(found)
-  return (f"model ({name}) but {codes_off:.1e} codes off (max {worst:g}), "
-          f"{scales_off:.1e} scales off")
+  return (
+    f"model ({name}) but {codes_off:.1e} codes off (max {worst:g}), {scales_off:.1e} scales off"
+  )
 
 
 def timed(fn, args, calls: int, batch: int = 10) -> float:
   """Median over `calls` of the time per call of `batch` calls dispatched back to
   back, so the launch overhead of an asynchronous backend overlaps the work."""
   import jax
-  jax.block_until_ready(fn(*args))             # warm-up
+
+  jax.block_until_ready(fn(*args))  # warm-up
   times = []
   for _ in range(calls):
     start = time.perf_counter()
@@ -125,13 +135,16 @@ def backend_arithmetic(jax) -> dict:
   the fraction of 1/x not correctly rounded, and whether a * b + c is one FMA."""
   import numpy as np
   from equarx_pass import quantize as qz
+
   rng = np.random.default_rng(1)
   x, y, z = (rng.standard_normal(1 << 22).astype(np.float32) for _ in range(3))
   inverse = np.asarray(jax.jit(lambda a: 1 / a)(x))
   mul_add = np.asarray(jax.jit(lambda a, b, c: a * b + c)(x, y, z))
-  return dict(reciprocal_not_ieee=float(np.mean(inverse != np.float32(1) / x)),
-              mul_add_is_fma=bool(np.array_equal(mul_add, qz.fused_multiply_add(x, y, z))),
-              mul_add_is_unfused=bool(np.array_equal(mul_add, x * y + z)))
+  return dict(
+    reciprocal_not_ieee=float(np.mean(inverse != np.float32(1) / x)),
+    mul_add_is_fma=bool(np.array_equal(mul_add, qz.fused_multiply_add(x, y, z))),
+    mul_add_is_unfused=bool(np.array_equal(mul_add, x * y + z)),
+  )
 
 
 def main() -> int:
@@ -144,13 +157,14 @@ def main() -> int:
   ap.add_argument("--out", help="JSON path (default docs/ring_step_<platform>.json)")
   ap.add_argument("--hlo-dir", help="also write each step's optimized HLO there")
   args = ap.parse_args()
-  os.environ["JAX_PLATFORMS"] = args.platform   # before JAX starts: no TPU probing
+  os.environ["JAX_PLATFORMS"] = args.platform  # before JAX starts: no TPU probing
   args.out = args.out or os.path.join(benchlib.DOCS, f"ring_step_{args.platform}.json")
 
   import jax
   import numpy as np
 
   from equarx_pass import quantize as qz
+
   device = jax.devices()[0]
   print(f"device: {device.platform} {device.device_kind}", flush=True)
   arithmetic = backend_arithmetic(jax)
@@ -171,33 +185,70 @@ def main() -> int:
         os.makedirs(args.hlo_dir, exist_ok=True)
         with open(os.path.join(args.hlo_dir, f"step_{fmt_name}_{size_text}.hlo"), "w") as f:
           f.write(step.as_text())
-      payload = to_payload(*qz.quantize(rng.standard_normal((1, c), dtype=np.float32),
-                                        args.block, fmt))
+      payload = to_payload(
+        *qz.quantize(rng.standard_normal((1, c), dtype=np.float32), args.block, fmt)
+      )
       args_dev = (jax.device_put(payload, device), local_dev)
       step_s = timed(step, args_dev, args.calls)
       model = compare(np.asarray(step(*args_dev)), payload, local, c, args.block, fmt)
-      moved = 2 * p + 4 * c                      # read payload and chunk, write payload
-      row = dict(device=f"{device.platform} {device.device_kind}", values=c, format=fmt_name,
-                 payload_bytes=p, step_ms=step_s * 1e3, step_gbs=moved / step_s / 1e9,
-                 copy_ms=copy_s * 1e3, copy_gbs=copy_gbs, step_over_copy=step_s / copy_s,
-                 model=model,
-                 link_ms={name: p / rate * 1e3 for name, rate in LINKS.items()})
+      moved = 2 * p + 4 * c  # read payload and chunk, write payload
+      row = dict(
+        device=f"{device.platform} {device.device_kind}",
+        values=c,
+        format=fmt_name,
+        payload_bytes=p,
+        step_ms=step_s * 1e3,
+        step_gbs=moved / step_s / 1e9,
+        copy_ms=copy_s * 1e3,
+        copy_gbs=copy_gbs,
+        step_over_copy=step_s / copy_s,
+        model=model,
+        link_ms={name: p / rate * 1e3 for name, rate in LINKS.items()},
+      )
       rows.append(row)
-      print("  " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                             for k, v in row.items() if k != "link_ms"), flush=True)
+      print(
+        "  "
+        + ", ".join(
+          f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+          for k, v in row.items()
+          if k != "link_ms"
+        ),
+        flush=True,
+      )
 
-  cols = ["values", "format", "payload", "step ms", "step GB/s", "f32 copy ms", "copy GB/s",
-          "step / copy"] + [f"send at {n} ms" for n in LINKS] + ["model"]
-  table_rows = [{"values": benchlib.fmt_bytes(r["values"]).replace("B", ""),
-                 "format": r["format"], "payload": benchlib.fmt_bytes(r["payload_bytes"]),
-                 "step ms": f"{r['step_ms']:.3f}", "step GB/s": f"{r['step_gbs']:.1f}",
-                 "f32 copy ms": f"{r['copy_ms']:.3f}", "copy GB/s": f"{r['copy_gbs']:.1f}",
-                 "step / copy": f"{r['step_over_copy']:.2f}",
-                 **{f"send at {n} ms": f"{r['link_ms'][n]:.3f}" for n in LINKS},
-                 "model": r["model"]} for r in rows]
+  cols = (
+    [
+      "values",
+      "format",
+      "payload",
+      "step ms",
+      "step GB/s",
+      "f32 copy ms",
+      "copy GB/s",
+      "step / copy",
+    ]
+    + [f"send at {n} ms" for n in LINKS]
+    + ["model"]
+  )
+  table_rows = [
+    {
+      "values": benchlib.fmt_bytes(r["values"]).replace("B", ""),
+      "format": r["format"],
+      "payload": benchlib.fmt_bytes(r["payload_bytes"]),
+      "step ms": f"{r['step_ms']:.3f}",
+      "step GB/s": f"{r['step_gbs']:.1f}",
+      "f32 copy ms": f"{r['copy_ms']:.3f}",
+      "copy GB/s": f"{r['copy_gbs']:.1f}",
+      "step / copy": f"{r['step_over_copy']:.2f}",
+      **{f"send at {n} ms": f"{r['link_ms'][n]:.3f}" for n in LINKS},
+      "model": r["model"],
+    }
+    for r in rows
+  ]
   print(benchlib.table(table_rows, cols, title=f"ring step on {rows[0]['device']}"))
-  benchlib.write_results(args.out, rows, table_rows, cols, block=args.block, calls=args.calls,
-                        arithmetic=arithmetic)
+  benchlib.write_results(
+    args.out, rows, table_rows, cols, block=args.block, calls=args.calls, arithmetic=arithmetic
+  )
   plot(rows, os.path.splitext(args.out)[0] + ".png")
   return 0 if all(r["model"].startswith("same bits") for r in rows) else 1
 

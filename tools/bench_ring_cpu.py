@@ -36,8 +36,9 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default=os.path.join(benchlib.ROOT, "docs", "ring_cpu.json"))
   args = parser.parse_args(argv)
   # Before JAX starts.
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                             f" --xla_force_host_platform_device_count={args.devices}")
+  os.environ["XLA_FLAGS"] = (
+    os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+  )
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import numpy as np
   import jax
@@ -47,7 +48,7 @@ def main(argv=None) -> int:
   from bf16_ring import bf16_ring_allreduce
 
   values = benchlib.parse_size(args.values)
-  count = benchlib.fmt_bytes(values).replace("B", "")     # "16 Mi", as bench_gpu_step prints it
+  count = benchlib.fmt_bytes(values).replace("B", "")  # "16 Mi", as bench_gpu_step prints it
   n = args.devices
   schemes, missing = benchlib.split_schemes(args.scheme or SCHEMES)
   mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
@@ -56,17 +57,23 @@ def main(argv=None) -> int:
     return jax.shard_map(f, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
 
   psum = per_device(lambda v: jax.lax.psum(v, "x"))
-  programs = [("native", jax.jit(psum)),
-              ("bf16 ring", jax.jit(per_device(lambda v: bf16_ring_allreduce(v, "x", n))))]
+  programs = [
+    ("native", jax.jit(psum)),
+    ("bf16 ring", jax.jit(per_device(lambda v: bf16_ring_allreduce(v, "x", n)))),
+  ]
   # min_bytes 0: every scheme rewrites its one all-reduce whatever --values is.
-  programs += [(benchlib.scheme_label(s), equarx_pass.jit(psum, flags=s + " --equarx_min_bytes=0"))
-               for s in schemes]
+  programs += [
+    (benchlib.scheme_label(s), equarx_pass.jit(psum, flags=s + " --equarx_min_bytes=0"))
+    for s in schemes
+  ]
 
   rows = []
   for dtype_name in args.dtypes:
     dtype = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dtype_name]
-    x = jax.device_put(jnp.asarray(np.random.default_rng(0).standard_normal(n * values), dtype),
-                       NamedSharding(mesh, P("x")))
+    x = jax.device_put(
+      jnp.asarray(np.random.default_rng(0).standard_normal(n * values), dtype),
+      NamedSharding(mesh, P("x")),
+    )
     for name, f in programs:
       f(x).block_until_ready()
       times = []
@@ -77,29 +84,50 @@ def main(argv=None) -> int:
         times.append(time.perf_counter() - start)
       after = os.times()
       cpu = (after.user + after.system - before.user - before.system) / args.calls
-      rows.append(dict(dtype=dtype_name, program=name, values_per_device=values, devices=n,
-                       median_ms=float(np.median(times)) * 1e3, min_ms=min(times) * 1e3,
-                       cpu_ms_per_call=cpu * 1e3, calls=args.calls))
+      rows.append(
+        dict(
+          dtype=dtype_name,
+          program=name,
+          values_per_device=values,
+          devices=n,
+          median_ms=float(np.median(times)) * 1e3,
+          min_ms=min(times) * 1e3,
+          cpu_ms_per_call=cpu * 1e3,
+          calls=args.calls,
+        )
+      )
       print(f"  {dtype_name} {name}: {rows[-1]['median_ms']:.1f} ms", flush=True)
 
   columns = ["dtype", "program", "median ms", "min ms", "CPU ms/call", "bf16 ring / median"]
   ring_ms = {r["dtype"]: r["median_ms"] for r in rows if r["program"] == "bf16 ring"}
-  table_rows = [{"dtype": r["dtype"], "program": r["program"],
-                 "median ms": f"{r['median_ms']:.1f}", "min ms": f"{r['min_ms']:.1f}",
-                 "CPU ms/call": f"{r['cpu_ms_per_call']:.0f}",
-                 "bf16 ring / median": f"{ring_ms[r['dtype']] / r['median_ms']:.2f}"}
-                for r in rows]
-  print(benchlib.table(table_rows, columns,
-                       f"all-reduce compute, {n} CPU devices in one process, "
-                       f"{count} values per device"))
+  table_rows = [
+    {
+      "dtype": r["dtype"],
+      "program": r["program"],
+      "median ms": f"{r['median_ms']:.1f}",
+      "min ms": f"{r['min_ms']:.1f}",
+      "CPU ms/call": f"{r['cpu_ms_per_call']:.0f}",
+      "bf16 ring / median": f"{ring_ms[r['dtype']] / r['median_ms']:.2f}",
+    }
+    for r in rows
+  ]
+  print(
+    benchlib.table(
+      table_rows,
+      columns,
+      f"all-reduce compute, {n} CPU devices in one process, {count} values per device",
+    )
+  )
   for scheme, why in missing.items():
     print(f"  {scheme}: {why}")
-  benchlib.write_results(args.out, rows, table_rows, columns, devices=n, values=values,
-                         unavailable=missing)
+  benchlib.write_results(
+    args.out, rows, table_rows, columns, devices=n, values=values, unavailable=missing
+  )
   plt = benchlib.pyplot()
   if plt is not None:
-    fig, axes = plt.subplots(1, len(args.dtypes), figsize=(5 * len(args.dtypes), 3.5),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+      1, len(args.dtypes), figsize=(5 * len(args.dtypes), 3.5), squeeze=False
+    )
     for ax, dtype_name in zip(axes[0], args.dtypes):
       mine = [r for r in rows if r["dtype"] == dtype_name]
       ax.barh([r["program"] for r in mine], [r["median_ms"] for r in mine])

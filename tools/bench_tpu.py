@@ -94,11 +94,14 @@ def top_instructions(hlo_text: str, count: int = 8) -> list[tuple[float, str, st
 def topology_devices(topology: str) -> int:
   """Number of devices of a TPU topology, asked in a child process (libtpu stays out of
   this one)."""
-  code = ("from jax.experimental import topologies; import sys; "
-          "print(len(topologies.get_topology_desc(sys.argv[1], 'tpu').devices))")
+  code = (
+    "from jax.experimental import topologies; import sys; "
+    "print(len(topologies.get_topology_desc(sys.argv[1], 'tpu').devices))"
+  )
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-  out = subprocess.run([sys.executable, "-c", code, topology], capture_output=True, text=True,
-                       timeout=300, env=env)
+  out = subprocess.run(
+    [sys.executable, "-c", code, topology], capture_output=True, text=True, timeout=300, env=env
+  )
   if out.returncode:
     raise SystemExit(f"cannot describe topology {topology}: {out.stderr.strip()[-300:]}")
   return int(out.stdout.strip().splitlines()[-1])
@@ -129,21 +132,25 @@ def main() -> int:
 
   jax.config.update("jax_num_cpu_devices", max(chips.values()))
   schemes = args.scheme or [
-      "--equarx_enable",                                     # the default scheme
-      "--equarx_enable --equarx_rotation=none",              # int8 two-shot, no rotation
-      benchlib.RING,                                         # int8 ring (flat form)
-      benchlib.RING + " --equarx_format=int4 --equarx_block_size=128",
+    "--equarx_enable",  # the default scheme
+    "--equarx_enable --equarx_rotation=none",  # int8 two-shot, no rotation
+    benchlib.RING,  # int8 ring (flat form)
+    benchlib.RING + " --equarx_format=int4 --equarx_block_size=128",
   ]
   ok, missing = benchlib.split_schemes(schemes)
-  print(f"{sum(len(args.sizes) * len(args.dtypes) * (1 + len(ok)) for _ in chips)} "
-        "ahead-of-time compiles", flush=True)
+  print(
+    f"{sum(len(args.sizes) * len(args.dtypes) * (1 + len(ok)) for _ in chips)} "
+    "ahead-of-time compiles",
+    flush=True,
+  )
   rows = []
   for topology, n in chips.items():
     target = f"tpu:{topology}"
     mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
     # A flat array per chip, as a psum of activations or gradients is.
-    f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh,
-                              in_specs=P("x"), out_specs=P("x")))
+    f = jax.jit(
+      jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    )
     for dtype_name in args.dtypes:
       dtype = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dtype_name]
       for size_text in args.sizes:
@@ -153,8 +160,13 @@ def main() -> int:
         # What the native all-reduce sends: a ring in the data's own type.
         native_ring = 2 * (n - 1) * -(-values // n) * np.dtype(dtype).itemsize
         for scheme in [""] + ok:
-          row = dict(topology=topology, dtype=dtype_name, size=size, scheme=scheme,
-                     native_ring_bytes=native_ring)
+          row = dict(
+            topology=topology,
+            dtype=dtype_name,
+            size=size,
+            scheme=scheme,
+            native_ring_bytes=native_ring,
+          )
           if scheme:
             policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0")
             result = equarx_pass.rewrite_module(module, policy, "tpu")
@@ -170,36 +182,68 @@ def main() -> int:
             rows.append(dict(row, error=f"{type(e).__name__}: {str(e)[:200]}"))
             print("  " + rows[-1]["error"], flush=True)
             continue
-          row.update(compile_s=tc.seconds, permutes=tc.permutes,
-                     s8_permutes=tc.quantized_permutes, all_reduces=tc.all_reduces,
-                     cost=tc.cost, optimal_seconds=tc.cost.get("optimal_seconds"),
-                     flops=tc.cost.get("flops"), bytes_accessed=tc.cost.get("bytes accessed"),
-                     est_cycles=estimated_cycles(tc.hlo_text),
-                     top_instructions=top_instructions(tc.hlo_text))
+          row.update(
+            compile_s=tc.seconds,
+            permutes=tc.permutes,
+            s8_permutes=tc.quantized_permutes,
+            all_reduces=tc.all_reduces,
+            cost=tc.cost,
+            optimal_seconds=tc.cost.get("optimal_seconds"),
+            flops=tc.cost.get("flops"),
+            bytes_accessed=tc.cost.get("bytes accessed"),
+            est_cycles=estimated_cycles(tc.hlo_text),
+            top_instructions=top_instructions(tc.hlo_text),
+          )
           rows.append(row)
-          print(f"  {topology} {dtype_name} {benchlib.fmt_bytes(size):>8} "
-                f"{benchlib.scheme_label(scheme) if scheme else 'native':<16} "
-                f"optimal {row['optimal_seconds'] * 1e6:9.1f} us  compile {tc.seconds:.1f} s",
-                flush=True)
+          print(
+            f"  {topology} {dtype_name} {benchlib.fmt_bytes(size):>8} "
+            f"{benchlib.scheme_label(scheme) if scheme else 'native':<16} "
+            f"optimal {row['optimal_seconds'] * 1e6:9.1f} us  compile {tc.seconds:.1f} s",
+            flush=True,
+          )
           if scheme and size == max(map(benchlib.parse_size, args.sizes)):
             for cycles, name, shape in row["top_instructions"][:4]:
               print(f"      {cycles:>9.0f} cycles  {name}  {shape}", flush=True)
 
-  cols = ["topology", "dtype", "size", "program", "wire bytes/chip", "x less than native ring",
-          "optimal_seconds (us)", "x native on chip", "HBM bytes", "x native HBM",
-          "break-even GB/s", "compile s"]
+  cols = [
+    "topology",
+    "dtype",
+    "size",
+    "program",
+    "wire bytes/chip",
+    "x less than native ring",
+    "optimal_seconds (us)",
+    "x native on chip",
+    "HBM bytes",
+    "x native HBM",
+    "break-even GB/s",
+    "compile s",
+  ]
   table_rows = []
   for r in rows:
-    t = {"topology": r["topology"], "dtype": r["dtype"], "size": benchlib.fmt_bytes(r["size"]),
-         "program": benchlib.scheme_label(r["scheme"]) if r["scheme"] else "native all-reduce",
-         "wire bytes/chip": benchlib.fmt_bytes(r["wire_bytes"])}
+    t = {
+      "topology": r["topology"],
+      "dtype": r["dtype"],
+      "size": benchlib.fmt_bytes(r["size"]),
+      "program": benchlib.scheme_label(r["scheme"]) if r["scheme"] else "native all-reduce",
+      "wire bytes/chip": benchlib.fmt_bytes(r["wire_bytes"]),
+    }
     if "error" in r:
       t["optimal_seconds (us)"] = r["error"][:60]
       table_rows.append(t)
       continue
-    native = next((o for o in rows if o["dtype"] == r["dtype"] and o["size"] == r["size"]
-                   and o["topology"] == r["topology"] and not o["scheme"]
-                   and "optimal_seconds" in o), None)
+    native = next(
+      (
+        o
+        for o in rows
+        if o["dtype"] == r["dtype"]
+        and o["size"] == r["size"]
+        and o["topology"] == r["topology"]
+        and not o["scheme"]
+        and "optimal_seconds" in o
+      ),
+      None,
+    )
     if r["scheme"]:
       t["x less than native ring"] = f"{r['native_ring_bytes'] / r['wire_bytes']:.2f}"
       if native:
@@ -213,19 +257,36 @@ def main() -> int:
         if extra > 0:
           r["break_even_gbps"] = saved / extra / 1e9
           t["break-even GB/s"] = f"{r['break_even_gbps']:.1f}"
-    t.update({"optimal_seconds (us)": f"{r['optimal_seconds'] * 1e6:.1f}",
-              "HBM bytes": benchlib.fmt_bytes(r["bytes_accessed"]),
-              "compile s": f"{r['compile_s']:.1f}"})
+    t.update(
+      {
+        "optimal_seconds (us)": f"{r['optimal_seconds'] * 1e6:.1f}",
+        "HBM bytes": benchlib.fmt_bytes(r["bytes_accessed"]),
+        "compile s": f"{r['compile_s']:.1f}",
+      }
+    )
     table_rows.append(t)
-  print(f"TPU compiler estimates for {', '.join(chips)} (not measurements; the paper measured "
-        f"{PAPER_SPEEDUP}x over the bf16 all-reduce on TPUs)")
+  print(
+    f"TPU compiler estimates for {', '.join(chips)} (not measurements; the paper measured "
+    f"{PAPER_SPEEDUP}x over the bf16 all-reduce on TPUs)"
+  )
   print(benchlib.table(table_rows, cols))
   if missing:
     print("not available in this checkout: " + ", ".join(benchlib.scheme_label(s) for s in missing))
-  benchlib.write_results(args.out, rows, table_rows, cols, targets=list(chips), chips=chips,
-                         paper_speedup=PAPER_SPEEDUP, unavailable=missing)
-  plot([r for r in rows if r["topology"] == args.topology[0]],
-       os.path.splitext(args.out)[0] + ".png", f"tpu:{args.topology[0]}")
+  benchlib.write_results(
+    args.out,
+    rows,
+    table_rows,
+    cols,
+    targets=list(chips),
+    chips=chips,
+    paper_speedup=PAPER_SPEEDUP,
+    unavailable=missing,
+  )
+  plot(
+    [r for r in rows if r["topology"] == args.topology[0]],
+    os.path.splitext(args.out)[0] + ".png",
+    f"tpu:{args.topology[0]}",
+  )
   return 0
 
 
@@ -236,10 +297,17 @@ def plot(rows, path, target) -> None:
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), squeeze=False)
   for ax, dtype in zip(axes[0], ("bf16", "f32")):
     for scheme in dict.fromkeys(r["scheme"] for r in rows if r["dtype"] == dtype):
-      pts = sorted((r["size"], r["optimal_seconds"]) for r in rows if r["dtype"] == dtype
-                   and r["scheme"] == scheme and r.get("optimal_seconds"))
-      ax.plot([p[0] / 2 ** 20 for p in pts], [p[1] * 1e6 for p in pts], marker=".",
-              label=benchlib.scheme_label(scheme) if scheme else "native all-reduce")
+      pts = sorted(
+        (r["size"], r["optimal_seconds"])
+        for r in rows
+        if r["dtype"] == dtype and r["scheme"] == scheme and r.get("optimal_seconds")
+      )
+      ax.plot(
+        [p[0] / 2**20 for p in pts],
+        [p[1] * 1e6 for p in pts],
+        marker=".",
+        label=benchlib.scheme_label(scheme) if scheme else "native all-reduce",
+      )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_title(f"{target}, {dtype}: compiler's optimal_seconds", fontsize=8)

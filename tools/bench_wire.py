@@ -38,6 +38,7 @@ def main() -> int:
   args = ap.parse_args()
 
   import jax
+
   jax.config.update("jax_num_cpu_devices", max(args.groups))
   import jax.numpy as jnp
   import numpy as np
@@ -51,8 +52,9 @@ def main() -> int:
   rows = []
   for n in args.groups:
     mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
-    f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh,
-                              in_specs=P("x"), out_specs=P("x")))
+    f = jax.jit(
+      jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    )
     for dtype_name in args.dtypes:
       dtype = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dtype_name]
       for size_text in args.sizes:
@@ -62,9 +64,15 @@ def main() -> int:
         bf16_ring = 2 * (n - 1) * -(-values // n) * 2
         native = wire_bytes.count_module(module, n).bytes
         for scheme in schemes:
-          row = dict(group=n, dtype=dtype_name, size=size, scheme=scheme,
-                     label=benchlib.scheme_label(scheme), bf16_ring=bf16_ring,
-                     native_logical=native)
+          row = dict(
+            group=n,
+            dtype=dtype_name,
+            size=size,
+            scheme=scheme,
+            label=benchlib.scheme_label(scheme),
+            bf16_ring=bf16_ring,
+            native_logical=native,
+          )
           why = benchlib.check_scheme(scheme)
           if why:
             rows.append(dict(row, error=why))
@@ -73,27 +81,53 @@ def main() -> int:
           result = equarx_pass.rewrite_module(module, policy)
           count = wire_bytes.count_module(result.module, n)
           rec = result.records[0]
-          rows.append(dict(row, counted=count.bytes, reported=rec.bytes_after,
-                           by_kind=count.by_kind(), unknown_loops=count.unknown_trip_counts,
-                           ratio=bf16_ring / count.bytes if count.bytes else None,
-                           bits_per_value=count.bytes * 8 / (2 * (n - 1) * -(-values // n)),
-                           pass_ms=result.seconds * 1e3))
+          rows.append(
+            dict(
+              row,
+              counted=count.bytes,
+              reported=rec.bytes_after,
+              by_kind=count.by_kind(),
+              unknown_loops=count.unknown_trip_counts,
+              ratio=bf16_ring / count.bytes if count.bytes else None,
+              bits_per_value=count.bytes * 8 / (2 * (n - 1) * -(-values // n)),
+              pass_ms=result.seconds * 1e3,
+            )
+          )
 
-  cols = ["N", "dtype", "size", "scheme", "bytes sent/rank", "bf16 ring", "x less than bf16 ring",
-          "bits/value", "report agrees"]
+  cols = [
+    "N",
+    "dtype",
+    "size",
+    "scheme",
+    "bytes sent/rank",
+    "bf16 ring",
+    "x less than bf16 ring",
+    "bits/value",
+    "report agrees",
+  ]
   table_rows = []
   for r in rows:
-    t = {"N": r["group"], "dtype": r["dtype"], "size": benchlib.fmt_bytes(r["size"]),
-         "scheme": r["label"], "bf16 ring": benchlib.fmt_bytes(r["bf16_ring"])}
+    t = {
+      "N": r["group"],
+      "dtype": r["dtype"],
+      "size": benchlib.fmt_bytes(r["size"]),
+      "scheme": r["label"],
+      "bf16 ring": benchlib.fmt_bytes(r["bf16_ring"]),
+    }
     if "error" in r:
       continue
     else:
       agrees = abs(r["counted"] - r["reported"]) < 0.5 and not r["unknown_loops"]
-      t.update({"bytes sent/rank": benchlib.fmt_bytes(r["counted"]),
-                "x less than bf16 ring": f"{r['ratio']:.3f}",
-                "bits/value": f"{r['bits_per_value']:.3f}",
-                "report agrees": "yes" if agrees else
-                f"NO (report {r['reported']}, loops unknown {r['unknown_loops']})"})
+      t.update(
+        {
+          "bytes sent/rank": benchlib.fmt_bytes(r["counted"]),
+          "x less than bf16 ring": f"{r['ratio']:.3f}",
+          "bits/value": f"{r['bits_per_value']:.3f}",
+          "report agrees": "yes"
+          if agrees
+          else f"NO (report {r['reported']}, loops unknown {r['unknown_loops']})",
+        }
+      )
     table_rows.append(t)
   print(benchlib.table(table_rows, cols))
   missing = sorted({r["label"] for r in rows if "error" in r})
@@ -110,15 +144,18 @@ def plot(rows, path) -> None:
     return
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.2), squeeze=False)
   for ax, dtype in zip(axes[0], ("bf16", "f32")):
-    for (n, label) in dict.fromkeys((r["group"], r["label"]) for r in rows
-                                    if "ratio" in r and r["dtype"] == dtype):
-      pts = sorted((r["size"], r["ratio"]) for r in rows if r.get("ratio") and
-                   r["group"] == n and r["label"] == label and r["dtype"] == dtype)
-      ax.plot([p[0] / 2 ** 20 for p in pts], [p[1] for p in pts], marker=".",
-              label=f"{label}, N={n}")
+    for n, label in dict.fromkeys(
+      (r["group"], r["label"]) for r in rows if "ratio" in r and r["dtype"] == dtype
+    ):
+      pts = sorted(
+        (r["size"], r["ratio"])
+        for r in rows
+        if r.get("ratio") and r["group"] == n and r["label"] == label and r["dtype"] == dtype
+      )
+      ax.plot([p[0] / 2**20 for p in pts], [p[1] for p in pts], marker=".", label=f"{label}, N={n}")
     for limit, name in ((16 / (8 + 32 / 1024), "int8 limit"), (16 / (4 + 32 / 1024), "int4 limit")):
       ax.axhline(limit, color="grey", lw=0.5, ls=":")
-      ax.text(2 ** -8, limit, name, fontsize=6, va="bottom")
+      ax.text(2**-8, limit, name, fontsize=6, va="bottom")
     ax.set_xscale("log", base=2)
     ax.set_title(f"{dtype} all-reduce")
     ax.set_xlabel("MiB per device")

@@ -23,22 +23,25 @@ if ROOT not in sys.path:
 # checkout does not know show up as "not available".
 RING = "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none"
 DEFAULT_SCHEMES = (
-    RING,                                                   # EQuARX int8 ring, block 1024
-    RING + " --equarx_microshards=4",
-    "--equarx_enable --equarx_algorithm=bidirectional --equarx_rotation=none",
-    "--equarx_enable --equarx_algorithm=two_shot --equarx_rotation=none",
-    "--equarx_enable",                                      # the pass's default scheme
-    RING + " --equarx_format=int4",
-    RING + " --equarx_format=fp8_e4m3",
+  RING,  # EQuARX int8 ring, block 1024
+  RING + " --equarx_microshards=4",
+  "--equarx_enable --equarx_algorithm=bidirectional --equarx_rotation=none",
+  "--equarx_enable --equarx_algorithm=two_shot --equarx_rotation=none",
+  "--equarx_enable",  # the pass's default scheme
+  RING + " --equarx_format=int4",
+  RING + " --equarx_format=fp8_e4m3",
 )
 
 
 def add_scheme_argument(parser) -> None:
   # One flag string per --scheme; written --scheme="--equarx_enable ..." (with '=')
   # because the value itself starts with dashes.
-  parser.add_argument("--scheme", action="append", metavar="FLAGS",
-                      help="an equarx flag string; repeat for more (default: DEFAULT_SCHEMES "
-                           "in tools/benchlib.py)")
+  parser.add_argument(
+    "--scheme",
+    action="append",
+    metavar="FLAGS",
+    help="an equarx flag string; repeat for more (default: DEFAULT_SCHEMES in tools/benchlib.py)",
+  )
 
 
 def scheme_label(flags: str) -> str:
@@ -49,10 +52,12 @@ def scheme_label(flags: str) -> str:
   """
   try:
     import equarx_pass
+
     p = equarx_pass.Policy.from_flags(flags)
   except Exception:
-    return " ".join(t.lstrip("-").replace("equarx_", "") for t in flags.split()
-                    if t != "--equarx_enable")
+    return " ".join(
+      t.lstrip("-").replace("equarx_", "") for t in flags.split() if t != "--equarx_enable"
+    )
   get = lambda name, default: getattr(p, name, default)
   parts = [get("format", "int8"), get("algorithm", "ring")]
   if get("block_size", 1024) != 1024:
@@ -74,6 +79,7 @@ def scheme_label(flags: str) -> str:
 def check_scheme(flags: str) -> str | None:
   """None if this checkout's equarx_pass accepts the flags, else why not."""
   import equarx_pass
+
   try:
     equarx_pass.Policy.from_flags(flags)
   except equarx_pass.FlagError as e:
@@ -144,17 +150,30 @@ def write_json(path: str, data) -> None:
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     # Top-level keys one per line, each value on one line: small and still greppable.
-    f.write("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(_rounded(v), default=str)}"
-                                for k, v in data.items()) + "\n}\n")
+    f.write(
+      "{\n"
+      + ",\n".join(
+        f"{json.dumps(k)}: {json.dumps(_rounded(v), default=str)}" for k, v in data.items()
+      )
+      + "\n}\n"
+    )
   os.replace(tmp, path)
 
 
-def write_results(path: str, rows: list[dict], table_rows: list[dict], columns: list[str],
-                  **fields) -> None:
+def write_results(
+  path: str, rows: list[dict], table_rows: list[dict], columns: list[str], **fields
+) -> None:
   """The JSON every bench tool writes: machine, `fields`, results, table, command."""
-  write_json(path, dict(machine=machine_info(), **fields, results=rows,
-                        table_markdown=markdown_table(table_rows, columns),
-                        command=" ".join(sys.argv)))
+  write_json(
+    path,
+    dict(
+      machine=machine_info(),
+      **fields,
+      results=rows,
+      table_markdown=markdown_table(table_rows, columns),
+      command=" ".join(sys.argv),
+    ),
+  )
   print(f"wrote {path}")
 
 
@@ -163,11 +182,11 @@ def pyplot():
   try:
     import matplotlib
   except ImportError:
-    print("matplotlib not installed (pip install -e '.[bench]'): no plot written",
-          file=sys.stderr)
+    print("matplotlib not installed (pip install -e '.[bench]'): no plot written", file=sys.stderr)
     return None
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
+
   return plt
 
 
@@ -180,10 +199,15 @@ def save_plot(fig, path: str) -> None:
 
 def machine_info() -> dict:
   import platform
-  info = {"python": platform.python_version(), "machine": platform.machine(),
-          "cpus": os.cpu_count()}
+
+  info = {
+    "python": platform.python_version(),
+    "machine": platform.machine(),
+    "cpus": os.cpu_count(),
+  }
   try:
     import jax
+
     info["jax"] = jax.__version__
   except ImportError:
     pass

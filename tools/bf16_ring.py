@@ -24,6 +24,7 @@ def bf16_ring_allreduce(x, axis_name: str, axis_size: int):
   """psum(x, axis_name) as a bf16 ring; call inside shard_map.  Same shape and dtype."""
   import jax
   import jax.numpy as jnp
+
   n = axis_size
   shape, dtype = x.shape, x.dtype
   flat = x.reshape(-1).astype(jnp.float32)
@@ -62,25 +63,32 @@ def self_check(n: int = 8, length: int = 100_003) -> None:
   import numpy as np
   from jax.sharding import Mesh
   from jax.sharding import PartitionSpec as P
+
   mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
   rng = np.random.default_rng(0)
   for dtype in (np.float32, jax.numpy.bfloat16):
     x = rng.standard_normal((n, length)).astype(dtype)
-    f = jax.jit(jax.shard_map(lambda v: bf16_ring_allreduce(v, "x", n), mesh=mesh,
-                              in_specs=P("x"), out_specs=P("x")))
+    f = jax.jit(
+      jax.shard_map(
+        lambda v: bf16_ring_allreduce(v, "x", n), mesh=mesh, in_specs=P("x"), out_specs=P("x")
+      )
+    )
     out = np.asarray(f(x)).astype(np.float64)
     exact = x.astype(np.float64).sum(0)
     err = np.linalg.norm(out[0] - exact) / np.linalg.norm(exact)
     same = all(np.array_equal(out[0], out[r]) for r in range(n))
     # bf16 keeps 8 significant bits; a sum rounded N times lands near 3.5e-3 here.
     assert err < 1e-2 and same, (dtype, err, same)
-    print(f"bf16 ring self-check, {n} ranks, {np.dtype(dtype).name}[{length}]: "
-          f"relative error {err:.2e}, identical on every rank: {same}")
+    print(
+      f"bf16 ring self-check, {n} ranks, {np.dtype(dtype).name}[{length}]: "
+      f"relative error {err:.2e}, identical on every rank: {same}"
+    )
 
 
 if __name__ == "__main__":
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax
+
   jax.config.update("jax_num_cpu_devices", 8)
   self_check()
   sys.exit(0)

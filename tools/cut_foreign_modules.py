@@ -63,8 +63,9 @@ class Repo:
     self.commit = self._git("rev-parse", rev + "^{commit}").strip()
 
   def _git(self, *args: str) -> str:
-    return subprocess.run(["git", "--git-dir", self.git_dir, *args], check=True,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+      ["git", "--git-dir", self.git_dir, *args], check=True, capture_output=True, text=True
+    ).stdout
 
   def files(self) -> list[tuple[str, int]]:
     """(path, size) of every blob at the commit."""
@@ -78,8 +79,11 @@ class Repo:
 
   def read(self, paths: list[str]) -> dict[str, str]:
     """Contents of `paths` (missing blobs, e.g. large files the snapshot lacks, left out)."""
-    proc = subprocess.Popen(["git", "--git-dir", self.git_dir, "cat-file", "--batch"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+      ["git", "--git-dir", self.git_dir, "cat-file", "--batch"],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+    )
     data, _ = proc.communicate("".join(f"{self.commit}:{p}\n" for p in paths).encode())
     out, pos = {}, 0
     for path in paths:
@@ -89,7 +93,7 @@ class Repo:
       if header.endswith("missing") or len(header.split()) != 3:
         continue
       size = int(header.split()[2])
-      blob = data[pos:pos + size]
+      blob = data[pos : pos + size]
       pos += size + 1
       try:
         out[path] = blob.decode("utf-8")
@@ -100,9 +104,9 @@ class Repo:
 
 # --- counting all-reduces ------------------------------------------------------
 
-_HLO_AR = re.compile(r'(?<![\w.%-])all-reduce(-start)?\(')
-_HLO_COMP_HEADER = re.compile(r'^(?:ENTRY\s+)?%?([\w.\-]+)\s*[({]')
-_HLO_TOKEN = re.compile(r'%?([A-Za-z_][\w.\-]*)')
+_HLO_AR = re.compile(r"(?<![\w.%-])all-reduce(-start)?\(")
+_HLO_COMP_HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*[({]")
+_HLO_TOKEN = re.compile(r"%?([A-Za-z_][\w.\-]*)")
 
 
 def hlo_computations(text: str) -> tuple[dict[str, list[str]], str | None]:
@@ -126,7 +130,7 @@ def hlo_computations(text: str) -> tuple[dict[str, list[str]], str | None]:
   return comps, entry
 
 
-_HLO_NAME = re.compile(r'^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=')
+_HLO_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
 
 
 def hlo_sites(text: str) -> list[tuple[str, str]]:
@@ -185,16 +189,20 @@ def strip_mlir_comments(text: str) -> str:
 
 # `stablehlo.custom_call @mhlo.all_reduce(...)`: an MHLO all-reduce carried through
 # StableHLO (XLA's StableHLO extension encoding), turned back into one by XLA.
-_MLIR_AR = re.compile(r'(?<![\w.@])"?(stablehlo|mhlo|sdy)\.all_reduce\b(?!_)|'
-                      r'(custom_call\s*@mhlo\.all_reduce)\b')
+_MLIR_AR = re.compile(
+  r'(?<![\w.@])"?(stablehlo|mhlo|sdy)\.all_reduce\b(?!_)|'
+  r"(custom_call\s*@mhlo\.all_reduce)\b"
+)
 
 
 def mlir_sites(text: str) -> list[tuple[str, int]]:
   """(dialect, line) of each all-reduce op in MLIR text (comments excluded): dialect
   "stablehlo", "mhlo", "sdy", or "mhlo_custom_call" (custom_call @mhlo.all_reduce)."""
   code = strip_mlir_comments(text)
-  return [(m.group(1) or "mhlo_custom_call", code.count("\n", 0, m.start()) + 1)
-          for m in _MLIR_AR.finditer(code)]
+  return [
+    (m.group(1) or "mhlo_custom_call", code.count("\n", 0, m.start()) + 1)
+    for m in _MLIR_AR.finditer(code)
+  ]
 
 
 def count_mlir(text: str) -> dict[str, int]:
@@ -204,11 +212,18 @@ def count_mlir(text: str) -> dict[str, int]:
 # --- device counts -----------------------------------------------------------
 
 _HINTS = {
-    "replicas": [r'replica_count\s*=\s*(\d+)', r'/\*\s*replica_count\s*=\s*\*/\s*(\d+)',
-                 r'set_replica_count\(\s*(\d+)\s*\)', r'num_replicas\s*=\s*(\d+)',
-                 r'/\*\s*num_replicas\s*=\s*\*/\s*(\d+)'],
-    "partitions": [r'num_partitions\s*=\s*(\d+)', r'/\*\s*num_partitions\s*=\s*\*/\s*(\d+)',
-                   r'set_num_partitions\(\s*(\d+)\s*\)'],
+  "replicas": [
+    r"replica_count\s*=\s*(\d+)",
+    r"/\*\s*replica_count\s*=\s*\*/\s*(\d+)",
+    r"set_replica_count\(\s*(\d+)\s*\)",
+    r"num_replicas\s*=\s*(\d+)",
+    r"/\*\s*num_replicas\s*=\s*\*/\s*(\d+)",
+  ],
+  "partitions": [
+    r"num_partitions\s*=\s*(\d+)",
+    r"/\*\s*num_partitions\s*=\s*\*/\s*(\d+)",
+    r"set_num_partitions\(\s*(\d+)\s*\)",
+  ],
 }
 
 
@@ -216,18 +231,18 @@ def _largest_device_id(text: str) -> int | None:
   """1 + the largest device id in the replica groups of `text`, or None."""
   best = None
   # HLO: replica_groups={{0,1},{2,3}} / replica_groups=[2,4]<=[8] / [4,2]<=[2,4]T(1,0)
-  for m in re.finditer(r'replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}', text):
-    ids = [int(v) for v in re.findall(r'\d+', m.group(1))]
+  for m in re.finditer(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)*)\}", text):
+    ids = [int(v) for v in re.findall(r"\d+", m.group(1))]
     if ids:
       best = max(best or 0, max(ids) + 1)
-  for m in re.finditer(r'replica_groups=\[[\d,]+\]<=\[([\d,]+)\]', text):
+  for m in re.finditer(r"replica_groups=\[[\d,]+\]<=\[([\d,]+)\]", text):
     n = 1
     for v in m.group(1).split(","):
       n *= int(v)
     best = max(best or 0, n)
   # MLIR: replica_groups = dense<[[0, 1], [2, 3]]> : tensor<2x2xi64>
-  for m in re.finditer(r'replica_groups\s*=\s*dense<([^>]*)>', text):
-    ids = [int(v) for v in re.findall(r'-?\d+', m.group(1))]
+  for m in re.finditer(r"replica_groups\s*=\s*dense<([^>]*)>", text):
+    ids = [int(v) for v in re.findall(r"-?\d+", m.group(1))]
     if ids and max(ids) >= 0:
       best = max(best or 0, max(ids) + 1)
   return best
@@ -235,9 +250,9 @@ def _largest_device_id(text: str) -> int | None:
 
 def _mesh_size(text: str) -> int | None:
   best = None
-  for m in re.finditer(r'(?:sdy\.mesh\s+@[\w.]+\s*=\s*|#sdy\.mesh)<\s*\[([^\]]*)\]', text):
+  for m in re.finditer(r"(?:sdy\.mesh\s+@[\w.]+\s*=\s*|#sdy\.mesh)<\s*\[([^\]]*)\]", text):
     n = 1
-    for size in re.findall(r'=\s*(\d+)', m.group(1)):
+    for size in re.findall(r"=\s*(\d+)", m.group(1)):
       n *= int(size)
     best = max(best or 0, n)
   return best
@@ -249,16 +264,20 @@ def _has_channel(text: str, kind: str) -> bool:
   return "channel_handle" in text
 
 
-def devices_for(text: str, kind: str, harness: str = "",
-                run_parallel: tuple[int, int] | None = None) -> dict:
+def devices_for(
+  text: str, kind: str, harness: str = "", run_parallel: tuple[int, int] | None = None
+) -> dict:
   """{replicas, partitions, source} for a module (see the module docstring)."""
   if kind == "hlo":
     header = text.lstrip().splitlines()[0] if text.strip() else ""
-    r = re.search(r'\breplica_count=(\d+)', header)
-    p = re.search(r'\bnum_partitions=(\d+)', header)
+    r = re.search(r"\breplica_count=(\d+)", header)
+    p = re.search(r"\bnum_partitions=(\d+)", header)
     if r or p:
-      return {"replicas": int(r.group(1)) if r else 1,
-              "partitions": int(p.group(1)) if p else 1, "source": "header"}
+      return {
+        "replicas": int(r.group(1)) if r else 1,
+        "partitions": int(p.group(1)) if p else 1,
+        "source": "header",
+      }
     found = {}
     for key, patterns in _HINTS.items():
       for pattern in patterns:
@@ -267,18 +286,27 @@ def devices_for(text: str, kind: str, harness: str = "",
           found[key] = int(m.group(1))
           break
     if found:
-      return {"replicas": found.get("replicas", 1), "partitions": found.get("partitions", 1),
-              "source": "test harness"}
+      return {
+        "replicas": found.get("replicas", 1),
+        "partitions": found.get("partitions", 1),
+        "source": "test harness",
+      }
   else:
     code = strip_mlir_comments(text)
-    r = re.search(r'mhlo\.num_replicas\s*=\s*(\d+)', code)
-    p = re.search(r'mhlo\.num_partitions\s*=\s*(\d+)', code)
+    r = re.search(r"mhlo\.num_replicas\s*=\s*(\d+)", code)
+    p = re.search(r"mhlo\.num_partitions\s*=\s*(\d+)", code)
     if r or p:
-      return {"replicas": int(r.group(1)) if r else 1,
-              "partitions": int(p.group(1)) if p else 1, "source": "module attributes"}
+      return {
+        "replicas": int(r.group(1)) if r else 1,
+        "partitions": int(p.group(1)) if p else 1,
+        "source": "module attributes",
+      }
     if run_parallel:
-      return {"replicas": run_parallel[0], "partitions": run_parallel[1],
-              "source": "interpreter programs="}
+      return {
+        "replicas": run_parallel[0],
+        "partitions": run_parallel[1],
+        "source": "interpreter programs=",
+      }
     text = code
   n = _largest_device_id(text)
   source = "replica groups"
@@ -295,8 +323,8 @@ def devices_for(text: str, kind: str, harness: str = "",
 
 _RAW = re.compile(r'R"([^()\\\s"]{0,16})\((.*?)\)\1"', re.S)
 # absl::Substitute ($0, $name, ${x}) and absl::StrFormat (%s, %d, %%) templates.
-_DOLLAR = re.compile(r'\$\{?\w')
-_PRINTF = re.compile(r'%%|%[-+ #0]*\d*(?:\.\d+)?[sdiuvfgx](?![\w.\-]|\s*=)')
+_DOLLAR = re.compile(r"\$\{?\w")
+_PRINTF = re.compile(r"%%|%[-+ #0]*\d*(?:\.\d+)?[sdiuvfgx](?![\w.\-]|\s*=)")
 
 
 def _first_code_line(text: str) -> tuple[int, str]:
@@ -315,9 +343,9 @@ def placeholder(text: str, kind: str) -> str | None:
   """Why `text` is a template, not a module (None when it is not one)."""
   code = strip_mlir_comments(text) if kind == "mlir" else text
   if _DOLLAR.search(code):
-    return "dollar"          # absl::Substitute / StrReplaceAll
+    return "dollar"  # absl::Substitute / StrReplaceAll
   if kind == "hlo" and _PRINTF.search(code):
-    return "printf"          # absl::StrFormat
+    return "printf"  # absl::StrFormat
   return None
 
 
@@ -331,23 +359,23 @@ def cut_cc(path: str, source: str):
     lines = body.splitlines(keepends=True)
     text = "".join(lines[skip:])
     line = _line_at(source, m.start(2)) + skip
-    harness = source[m.end():m.end() + 3000]
+    harness = source[m.end() : m.end() + 3000]
     yield line, text, harness
 
 
 def cut_hlo_file(path: str, source: str):
   """HLO modules in an .hlo/.txt file: split on `// -----` and `HloModule` lines."""
-  starts = [m.start() for m in re.finditer(r'^HloModule\b', source, re.M)]
-  seps = [m.start() for m in re.finditer(r'^// -----', source, re.M)]
+  starts = [m.start() for m in re.finditer(r"^HloModule\b", source, re.M)]
+  seps = [m.start() for m in re.finditer(r"^// -----", source, re.M)]
   for i, start in enumerate(starts):
-    end = min([s for s in starts[i + 1:] + seps if s > start] or [len(source)])
+    end = min([s for s in starts[i + 1 :] + seps if s > start] or [len(source)])
     yield _line_at(source, start), source[start:end].rstrip() + "\n", ""
 
 
 def _drop_func(code: str, keep_out: re.Pattern) -> tuple[str, bool]:
   """`code` without the func.func ops whose bodies match `keep_out`."""
   out, pos, dropped = [], 0, False
-  for m in re.finditer(r'^[ \t]*func\.func\b', code, re.M):
+  for m in re.finditer(r"^[ \t]*func\.func\b", code, re.M):
     if m.start() < pos:
       continue
     brace = code.find("{", code.find(")", m.end()))
@@ -360,53 +388,57 @@ def _drop_func(code: str, keep_out: re.Pattern) -> tuple[str, bool]:
         if depth == 0:
           break
       i += 1
-    if keep_out.search(code[m.start():i + 1]):
-      out.append(code[pos:m.start()])
+    if keep_out.search(code[m.start() : i + 1]):
+      out.append(code[pos : m.start()])
       pos = i + 1
       dropped = True
   out.append(code[pos:])
   return "".join(out), dropped
 
 
-_HARNESS_OPS = re.compile(r'\binterpreter\.|\bcheck\.')
+_HARNESS_OPS = re.compile(r"\binterpreter\.|\bcheck\.")
 
 
 def cut_mlir(path: str, source: str):
   """MLIR chunks: (line, text, run_parallel or None, negative)."""
   parts = [(0, source)]
-  if re.search(r'^//--- ', source, re.M):     # split-file: each part its own input
-    marks = [m for m in re.finditer(r'^//--- .*$', source, re.M)]
-    parts = [(m.end() + 1, source[m.end() + 1:(marks[i + 1].start() if i + 1 < len(marks)
-                                                else len(source))])
-             for i, m in enumerate(marks)]
+  if re.search(r"^//--- ", source, re.M):  # split-file: each part its own input
+    marks = [m for m in re.finditer(r"^//--- .*$", source, re.M)]
+    parts = [
+      (
+        m.end() + 1,
+        source[m.end() + 1 : (marks[i + 1].start() if i + 1 < len(marks) else len(source))],
+      )
+      for i, m in enumerate(marks)
+    ]
   for base, part in parts:
-    bounds = [0] + [m.end() for m in re.finditer(r'^// -----.*$', part, re.M)]
-    ends = [m.start() for m in re.finditer(r'^// -----.*$', part, re.M)] + [len(part)]
+    bounds = [0] + [m.end() for m in re.finditer(r"^// -----.*$", part, re.M)]
+    ends = [m.start() for m in re.finditer(r"^// -----.*$", part, re.M)] + [len(part)]
     for start, end in zip(bounds, ends):
       chunk = part[start:end]
       code = strip_mlir_comments(chunk)
-      if not re.search(r'\bfunc\.func\b|\bmodule\b', code):
+      if not re.search(r"\bfunc\.func\b|\bmodule\b", code):
         continue
       lead = len(chunk) - len(chunk.lstrip())
       line = _line_at(source, base + start + lead)
       text = chunk.strip() + "\n"
-      negative = bool(re.search(r'expected-(error|warning|remark)', chunk))
+      negative = bool(re.search(r"expected-(error|warning|remark)", chunk))
       run_parallel = None
       if _HARNESS_OPS.search(code):
-        m = re.search(r'programs\s*=\s*\[((?:\s*\[[^\]]*\]\s*,?)+)\]', code)
+        m = re.search(r"programs\s*=\s*\[((?:\s*\[[^\]]*\]\s*,?)+)\]", code)
         if m:
-          rows = re.findall(r'\[([^\]]*)\]', m.group(1))
+          rows = re.findall(r"\[([^\]]*)\]", m.group(1))
           run_parallel = (len(rows), len(rows[0].split(",")))
         text, dropped = _drop_func(text, _HARNESS_OPS)
         if _HARNESS_OPS.search(strip_mlir_comments(text)):
-          yield line, None, None, negative       # harness ops outside a function
+          yield line, None, None, negative  # harness ops outside a function
           continue
       yield line, text, run_parallel, negative
 
 
 # --- parsing in a helper process --------------------------------------------
 
-_WORKER = r'''
+_WORKER = r"""
 import json, os, sys
 os.environ["JAX_PLATFORMS"] = "cpu"
 from jax.extend import mlir as jax_mlir
@@ -426,7 +458,7 @@ for line in sys.stdin:
     res = "error: " + (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
   sys.stdout.write(json.dumps(res) + "\n")
   sys.stdout.flush()
-'''
+"""
 
 
 def validate(items: list[dict]) -> None:
@@ -435,9 +467,14 @@ def validate(items: list[dict]) -> None:
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   while i < len(items):
     if proc is None:
-      proc = subprocess.Popen([sys.executable, "-c", _WORKER], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                              env=env)
+      proc = subprocess.Popen(
+        [sys.executable, "-c", _WORKER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+      )
     try:
       proc.stdin.write(json.dumps({"kind": items[i]["kind"], "text": items[i]["text"]}) + "\n")
       proc.stdin.flush()
@@ -458,8 +495,9 @@ def validate(items: list[dict]) -> None:
 
 # --- main ----------------------------------------------------------------------
 
+
 def _slug(text: str) -> str:
-  return re.sub(r'[^A-Za-z0-9]+', "_", text).strip("_")
+  return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 
 def collect(repo: Repo, tally: collections.Counter, max_file_bytes: int) -> list[dict]:
@@ -470,9 +508,9 @@ def collect(repo: Repo, tally: collections.Counter, max_file_bytes: int) -> list
       continue
     if path.endswith("_test.cc"):
       wanted.append((path, "cc"))
-    elif path.endswith((".hlo", ".txt")) and re.search(r'(^|/)(tests?|testdata)/', path):
+    elif path.endswith((".hlo", ".txt")) and re.search(r"(^|/)(tests?|testdata)/", path):
       wanted.append((path, "hlo"))
-    elif path.endswith(".mlir") and re.search(r'(^|/)(tests?|testdata)/', path):
+    elif path.endswith(".mlir") and re.search(r"(^|/)(tests?|testdata)/", path):
       wanted.append((path, "mlir"))
   contents = repo.read([p for p, _ in wanted])
   out = []
@@ -483,8 +521,9 @@ def collect(repo: Repo, tally: collections.Counter, max_file_bytes: int) -> list
     if how == "cc":
       cuts = ((line, text, harness, None, False) for line, text, harness in cut_cc(path, source))
     elif how == "hlo":
-      cuts = ((line, text, harness, None, False)
-              for line, text, harness in cut_hlo_file(path, source))
+      cuts = (
+        (line, text, harness, None, False) for line, text, harness in cut_hlo_file(path, source)
+      )
     else:
       cuts = ((line, text, "", rp, neg) for line, text, rp, neg in cut_mlir(path, source))
     for line, text, harness, run_parallel, negative in cuts:
@@ -498,26 +537,39 @@ def collect(repo: Repo, tally: collections.Counter, max_file_bytes: int) -> list
         tally[f"skipped: template placeholders ({why})"] += 1
         continue
       counts = count_hlo(text) if kind == "hlo" else count_mlir(text)
-      out.append({
-          "repo": repo.name, "commit": repo.commit, "path": path, "line": line, "kind": kind,
-          "text": text, "counts": counts, "negative": negative,
+      out.append(
+        {
+          "repo": repo.name,
+          "commit": repo.commit,
+          "path": path,
+          "line": line,
+          "kind": kind,
+          "text": text,
+          "counts": counts,
+          "negative": negative,
           "devices": devices_for(text, kind, harness, run_parallel),
           "interpreter_harness_removed": run_parallel is not None,
           "name": f"{short}__{_slug(os.path.splitext(path)[0].split('/')[-1])}__L{line}",
-      })
+        }
+      )
   return out
 
 
 _INTEREST = [
-    # Type-promoting all-reduces (operand and result element types differ).
-    (3, re.compile(r'promot', re.I)),
-    # Async forms: HLO all-reduce-start/done, async-start wrappers, stablehlo/mhlo async.
-    (2, re.compile(r'all-reduce-start|async-start|async_start')),
-    # Called computations, where a converter may duplicate functions.
-    (1, re.compile(r'\bcall\(|calls=|while\(|conditional\(|func\.call|stablehlo\.while|'
-                   r'stablehlo\.case|to_apply=%?\w+.*to_apply')),
-    # Element types other than f32.
-    (1, re.compile(r'\b(bf16|f16|f64)\b|tensor<[\dx]*(bf16|f16|f64)>')),
+  # Type-promoting all-reduces (operand and result element types differ).
+  (3, re.compile(r"promot", re.I)),
+  # Async forms: HLO all-reduce-start/done, async-start wrappers, stablehlo/mhlo async.
+  (2, re.compile(r"all-reduce-start|async-start|async_start")),
+  # Called computations, where a converter may duplicate functions.
+  (
+    1,
+    re.compile(
+      r"\bcall\(|calls=|while\(|conditional\(|func\.call|stablehlo\.while|"
+      r"stablehlo\.case|to_apply=%?\w+.*to_apply"
+    ),
+  ),
+  # Element types other than f32.
+  (1, re.compile(r"\b(bf16|f16|f64)\b|tensor<[\dx]*(bf16|f16|f64)>")),
 ]
 
 
@@ -527,17 +579,25 @@ def _interest(m: dict) -> int:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--source", action="append", required=True,
-                  help="NAME=GIT_DIR@REV, e.g. openxla/stablehlo=/path/repo@HEAD")
+  ap = argparse.ArgumentParser(
+    description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+  )
+  ap.add_argument(
+    "--source",
+    action="append",
+    required=True,
+    help="NAME=GIT_DIR@REV, e.g. openxla/stablehlo=/path/repo@HEAD",
+  )
   ap.add_argument("--out", required=True)
-  ap.add_argument("--per-file", type=int, default=8,
-                  help="all-reduce modules kept per source file")
+  ap.add_argument("--per-file", type=int, default=8, help="all-reduce modules kept per source file")
   ap.add_argument("--max-allreduce", type=int, default=320)
   ap.add_argument("--max-other", type=int, default=50)
-  ap.add_argument("--max-negative", type=int, default=12,
-                  help="kept modules that the upstream test expects to be rejected")
+  ap.add_argument(
+    "--max-negative",
+    type=int,
+    default=12,
+    help="kept modules that the upstream test expects to be rejected",
+  )
   ap.add_argument("--max-module-bytes", type=int, default=24000)
   ap.add_argument("--max-file-bytes", type=int, default=2_000_000)
   ap.add_argument("--seed", type=int, default=0)
@@ -571,8 +631,10 @@ def main(argv=None) -> int:
   negative = [m for m in unique if m["counts"] and m["negative"]]
   others = [m for m in unique if not m["counts"] and not m["negative"]]
   for m in with_ar + negative + others:
-    tally[f"candidate {m['kind']} {'all-reduce' if m['counts'] else 'other'}"
-          f"{' negative' if m['negative'] else ''}"] += 1
+    tally[
+      f"candidate {m['kind']} {'all-reduce' if m['counts'] else 'other'}"
+      f"{' negative' if m['negative'] else ''}"
+    ] += 1
 
   # All-reduce modules: up to --per-file per source file, spread over the files.
   by_file = collections.defaultdict(list)
@@ -582,29 +644,29 @@ def main(argv=None) -> int:
   for key in sorted(by_file):
     group = by_file[key]
     rng.shuffle(group)
-    group.sort(key=lambda m: -_interest(m))     # stable: random among equals
-    pool.extend(group[:args.per_file])
+    group.sort(key=lambda m: -_interest(m))  # stable: random among equals
+    pool.extend(group[: args.per_file])
   validate(pool)
   parsed = [m for m in pool if m["parses"] == "ok"]
   failed = [m for m in pool if m["parses"] != "ok"]
   for m in failed:
     tally[f"all-reduce module the parser rejects ({m['parses'].split(':')[0]})"] += 1
   rng.shuffle(parsed)
-  parsed.sort(key=lambda m: -_interest(m))       # the cap drops plain ones first
+  parsed.sort(key=lambda m: -_interest(m))  # the cap drops plain ones first
   rng.shuffle(failed)
   # Mostly modules that parse; a few that do not, for the error paths.
-  keep = parsed[:args.max_allreduce] + failed[:max(3, args.max_allreduce // 30)]
+  keep = parsed[: args.max_allreduce] + failed[: max(3, args.max_allreduce // 30)]
   rng.shuffle(negative)
-  neg = negative[:args.max_negative]
+  neg = negative[: args.max_negative]
   validate(neg)
   keep += neg
   rng.shuffle(others)
-  sample = others[:args.max_other * 2]
+  sample = others[: args.max_other * 2]
   validate(sample)
-  keep += [m for m in sample if m["parses"] == "ok"][:args.max_other]
+  keep += [m for m in sample if m["parses"] == "ok"][: args.max_other]
 
   os.makedirs(args.out, exist_ok=True)
-  for old in os.listdir(args.out):      # what an earlier run wrote; README.md stays
+  for old in os.listdir(args.out):  # what an earlier run wrote; README.md stays
     if old.endswith((".hlo", ".mlir")) or old == "manifest.json":
       os.remove(os.path.join(args.out, old))
   manifest = {}
@@ -617,28 +679,47 @@ def main(argv=None) -> int:
     file = base + (".hlo" if m["kind"] == "hlo" else ".mlir")
     with open(os.path.join(args.out, file), "w") as f:
       f.write(m["text"])
-    manifest[file] = {k: m[k] for k in ("repo", "commit", "path", "line", "kind", "devices",
-                                        "counts", "negative", "parses",
-                                        "interpreter_harness_removed")}
-    tally[f"kept {m['kind']} {'all-reduce' if m['counts'] else 'other'}"
-          f"{' negative' if m['negative'] else ''}"] += 1
+    manifest[file] = {
+      k: m[k]
+      for k in (
+        "repo",
+        "commit",
+        "path",
+        "line",
+        "kind",
+        "devices",
+        "counts",
+        "negative",
+        "parses",
+        "interpreter_harness_removed",
+      )
+    }
+    tally[
+      f"kept {m['kind']} {'all-reduce' if m['counts'] else 'other'}"
+      f"{' negative' if m['negative'] else ''}"
+    ] += 1
     for k, n in m["counts"].items():
       tally[f"kept all-reduce sites: {k}"] += n
   doc = {
-      "how": ("cut by tools/cut_foreign_modules.py; regenerate with: python "
-              "tools/cut_foreign_modules.py " + " ".join(f"--source {s}" for s in args.source)
-              + f" --out {args.out}"),
-      "sources": {r.name: {"commit": r.commit, "git_dir": r.git_dir} for r in repos},
-      "notes": ("Each file is a module verbatim from the named file at the named commit, "
-                "starting at `line`, except: MLIR chunks are cut at `// -----`, and StableHLO "
-                "interpreter tests lose the harness function that calls "
-                "interpreter.run_parallel/check.* (interpreter_harness_removed). counts: "
-                "all-reduces in the text (HLO: instructions in computations reachable from "
-                "ENTRY; MLIR: ops outside comments). negative: the upstream test expects the "
-                "module to be rejected. parses: jaxlib's HLO parser and HLO->StableHLO "
-                "conversion, or MLIR's parser with JAX's dialects, when cut."),
-      "tally": dict(sorted(tally.items())),
-      "modules": manifest,
+    "how": (
+      "cut by tools/cut_foreign_modules.py; regenerate with: python "
+      "tools/cut_foreign_modules.py "
+      + " ".join(f"--source {s}" for s in args.source)
+      + f" --out {args.out}"
+    ),
+    "sources": {r.name: {"commit": r.commit, "git_dir": r.git_dir} for r in repos},
+    "notes": (
+      "Each file is a module verbatim from the named file at the named commit, "
+      "starting at `line`, except: MLIR chunks are cut at `// -----`, and StableHLO "
+      "interpreter tests lose the harness function that calls "
+      "interpreter.run_parallel/check.* (interpreter_harness_removed). counts: "
+      "all-reduces in the text (HLO: instructions in computations reachable from "
+      "ENTRY; MLIR: ops outside comments). negative: the upstream test expects the "
+      "module to be rejected. parses: jaxlib's HLO parser and HLO->StableHLO "
+      "conversion, or MLIR's parser with JAX's dialects, when cut."
+    ),
+    "tally": dict(sorted(tally.items())),
+    "modules": manifest,
   }
   with open(os.path.join(args.out, "manifest.json"), "w") as f:
     json.dump(doc, f, indent=1, sort_keys=False)

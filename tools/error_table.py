@@ -40,25 +40,29 @@ from equarx_pass import scheme as scheme_lib  # noqa: E402
 from equarx_pass.policy import Policy  # noqa: E402
 
 # Every entry names its algorithm and rotation: the policy's defaults are not assumed.
-R, T, B = "--equarx_algorithm=ring", "--equarx_algorithm=two_shot", "--equarx_algorithm=bidirectional"
+R, T, B = (
+  "--equarx_algorithm=ring",
+  "--equarx_algorithm=two_shot",
+  "--equarx_algorithm=bidirectional",
+)
 H, NOROT = "--equarx_rotation=hadamard", "--equarx_rotation=none"
 SCHEMES = [
-    f"{R} {NOROT} --equarx_block_size=1024",
-    f"{R} {NOROT} --equarx_block_size=128",
-    f"{R} {NOROT} --equarx_block_layout=grid",
-    f"{T} {NOROT}",
-    f"{B} {NOROT}",
-    f"{R} {H}",
-    f"{T} {H}",                                   # the default
-    f"{T} {H} --equarx_rotation_size=128",        # the default's tiled form (TPU, GPU)
-    f"{T} {H} --equarx_block_size=128",
-    f"{R} {H} --equarx_block_size=128",
-    f"{R} {NOROT} --equarx_format=int4 --equarx_block_size=128",
-    f"{R} {H} --equarx_format=int4 --equarx_block_size=128",
-    f"{T} {H} --equarx_format=int4 --equarx_block_size=128",
-    f"{R} {NOROT} --equarx_format=fp8_e4m3",
-    f"{T} {H} --equarx_format=fp8_e4m3",
-    f"{R} {NOROT} --equarx_format=fp8_e5m2",
+  f"{R} {NOROT} --equarx_block_size=1024",
+  f"{R} {NOROT} --equarx_block_size=128",
+  f"{R} {NOROT} --equarx_block_layout=grid",
+  f"{T} {NOROT}",
+  f"{B} {NOROT}",
+  f"{R} {H}",
+  f"{T} {H}",  # the default
+  f"{T} {H} --equarx_rotation_size=128",  # the default's tiled form (TPU, GPU)
+  f"{T} {H} --equarx_block_size=128",
+  f"{R} {H} --equarx_block_size=128",
+  f"{R} {NOROT} --equarx_format=int4 --equarx_block_size=128",
+  f"{R} {H} --equarx_format=int4 --equarx_block_size=128",
+  f"{T} {H} --equarx_format=int4 --equarx_block_size=128",
+  f"{R} {NOROT} --equarx_format=fp8_e4m3",
+  f"{T} {H} --equarx_format=fp8_e4m3",
+  f"{R} {NOROT} --equarx_format=fp8_e5m2",
 ]
 
 
@@ -98,8 +102,11 @@ def make_data(n: int, values: int, rng) -> dict:
   rest[hot] = False
   # A large common mean: squares of Gaussian values, as sums of squares in norm statistics.
   sumsq = rng.standard_normal((n, values)).astype(np.float32) ** 2
-  return {"gaussian": (gaussian, None), "outlier": (outlier, np.tile(rest, values // channels)),
-          "sumsq": (sumsq, None)}
+  return {
+    "gaussian": (gaussian, None),
+    "outlier": (outlier, np.tile(rest, values // channels)),
+    "sumsq": (sumsq, None),
+  }
 
 
 def site_calibration(batches) -> calibration.SiteCalibration:
@@ -110,10 +117,12 @@ def site_calibration(batches) -> calibration.SiteCalibration:
     x = np.asarray(x, np.float32)
     total = x.sum(axis=0, dtype=np.float32)
     n = x.shape[0]
-    batch = {"in_range": np.abs(x).max(axis=1),
-             "out_range": np.tile(np.abs(total).max(axis=0), (n, 1)),
-             "in_mean_square": (x.astype(np.float64) ** 2).mean(axis=1),
-             "out_mean_square": np.tile((total.astype(np.float64) ** 2).mean(axis=0), (n, 1))}
+    batch = {
+      "in_range": np.abs(x).max(axis=1),
+      "out_range": np.tile(np.abs(total).max(axis=0), (n, 1)),
+      "in_mean_square": (x.astype(np.float64) ** 2).mean(axis=1),
+      "out_mean_square": np.tile((total.astype(np.float64) ** 2).mean(axis=0), (n, 1)),
+    }
     for name, value in batch.items():
       stats[name] = outlier.ema_update(stats.get(name), value, EMA)
   n, rows, h = np.shape(batches[0])
@@ -146,8 +155,11 @@ def run_calibrated(clips, groups, values, activation_sites=None, seed=0) -> list
   """
   rng = np.random.default_rng(seed)
   sets = {n: make_data(n, values, rng) for n in groups}
-  calibrated = {(n, name): _calibrate_synthetic(data, rest, n, name, seed)
-                for n in groups for name, (data, rest) in sets[n].items()}
+  calibrated = {
+    (n, name): _calibrate_synthetic(data, rest, n, name, seed)
+    for n in groups
+    for name, (data, rest) in sets[n].items()
+  }
   minilm = _calibrate_minilm(activation_sites) if activation_sites else None
   rows = []
   for clip in clips:
@@ -183,7 +195,7 @@ def _calibrate_synthetic(data, rest, n: int, name: str, seed: int):
     if hot is not None:
       x[:, :, hot] *= 100
     if name == "sumsq":
-      x = x ** 2
+      x = x**2
     batches.append(x)
   return site_calibration(batches), time.perf_counter() - start
 
@@ -205,11 +217,16 @@ def _calibrated_minilm_row(clip: float, halves) -> dict:
     out, b = calibrated_result(test, entry, clip)
     exact = test.astype(np.float64).sum(0)
     errors += float(np.sum((out.astype(np.float64) - exact) ** 2))
-    norms += float(np.sum(exact ** 2))
+    norms += float(np.sum(exact**2))
     bits.append(b)
   n = halves[0][1].shape[0]
-  return dict(scheme=calibrated_name(clip), flags=calibrated_flags(clip), n=n,
-              minilm=(errors / norms) ** 0.5, bits=float(np.mean(bits)))
+  return dict(
+    scheme=calibrated_name(clip),
+    flags=calibrated_flags(clip),
+    n=n,
+    minilm=(errors / norms) ** 0.5,
+    bits=float(np.mean(bits)),
+  )
 
 
 def run(schemes, groups, values, activations=None, seed=0) -> list[dict]:
@@ -220,8 +237,11 @@ def run(schemes, groups, values, activations=None, seed=0) -> list[dict]:
     sets.setdefault(activations.shape[0], {})["minilm"] = (activations, None)
   for flags in schemes:
     scheme = Policy.from_flags("--equarx_enable " + flags).scheme
-    for n in groups + ([activations.shape[0]] if activations is not None and
-                       activations.shape[0] not in groups else []):
+    for n in groups + (
+      [activations.shape[0]]
+      if activations is not None and activations.shape[0] not in groups
+      else []
+    ):
       row = dict(scheme=scheme.describe(), flags=flags, n=n)
       for name, (data, rest) in sets[n].items():
         exact = data.astype(np.float64).sum(0)
@@ -242,13 +262,15 @@ COLUMNS = ["gaussian", "outlier", "outlier/rest", "sumsq", "minilm"]
 
 def _format_row(row) -> str:
   cells = [f"{row.get(c):.2e}" if c in row else "-" for c in COLUMNS]
-  return (f"{row['scheme']:<52} N={row['n']}  {row['bits']:5.2f} bits  " +
-          "  ".join(f"{c} {v:>8}" for c, v in zip(COLUMNS, cells)))
+  return f"{row['scheme']:<52} N={row['n']}  {row['bits']:5.2f} bits  " + "  ".join(
+    f"{c} {v:>8}" for c, v in zip(COLUMNS, cells)
+  )
 
 
 def plot(rows, path: str) -> bool:
   try:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
@@ -282,10 +304,13 @@ def main(argv=None) -> int:
   groups = [int(g) for g in args.groups.split(",")]
   sites = load_activation_sites(args.activations) if args.activations else None
   # All sites' per-device inputs side by side, [devices, values].
-  activations = (np.concatenate([x.reshape(x.shape[0], -1) for x, _ in sites], axis=1)
-                 if sites else None)
-  print(f"relative L2 error vs the float64 sum, {args.values} values per rank; "
-        f"bits = bits per value on the wire (bf16 ring: 16)")
+  activations = (
+    np.concatenate([x.reshape(x.shape[0], -1) for x, _ in sites], axis=1) if sites else None
+  )
+  print(
+    f"relative L2 error vs the float64 sum, {args.values} values per rank; "
+    f"bits = bits per value on the wire (bf16 ring: 16)"
+  )
   rows = run(args.scheme or SCHEMES, groups, args.values, activations)
   if not args.scheme:
     rows += run_calibrated(CALIBRATED_CLIPS, groups, args.values, sites)

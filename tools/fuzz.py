@@ -58,19 +58,20 @@ OUTCOMES = ("clean_error", "internal_error", "rewritten", "unchanged", "crash", 
 
 @dataclasses.dataclass
 class Case:
-  name: str        # fixture, form and mutations: enough to tell what it was
+  name: str  # fixture, form and mutations: enough to tell what it was
   data: bytes
-  flags: str       # --equarx_* flags for the policy
+  flags: str  # --equarx_* flags for the policy
 
 
 @dataclasses.dataclass
 class Result:
-  outcome: str     # one of OUTCOMES
+  outcome: str  # one of OUTCOMES
   detail: str = ""
-  reproduced: bool | None = None   # crashes: did the case crash again on its own?
+  reproduced: bool | None = None  # crashes: did the case crash again on its own?
 
 
 # --- inputs and mutations --------------------------------------------------------
+
 
 def base_inputs() -> list[tuple[str, bytes]]:
   """Every fixture as it is, and each MLIR fixture as bytecode and as a portable artifact."""
@@ -78,6 +79,7 @@ def base_inputs() -> list[tuple[str, bytes]]:
   from equarx_pass import parse
   import io
   from jax.extend import mlir as jax_mlir
+
   out = []
   for name in sorted(os.listdir(FIXTURES)):
     if name.endswith(".md"):
@@ -95,10 +97,30 @@ def base_inputs() -> list[tuple[str, bytes]]:
   return out
 
 
-INTERESTING_NUMBERS = [b"0", b"1", b"-1", b"2", b"3", b"7", b"8", b"9", b"16", b"127", b"1024",
-                       b"65536", b"2147483647", b"-2147483648", b"4294967296",
-                       b"9223372036854775807", b"99999999999999999999", b"1.5", b"1e40",
-                       b"0x7FC00000", b"nan", b"inf"]
+INTERESTING_NUMBERS = [
+  b"0",
+  b"1",
+  b"-1",
+  b"2",
+  b"3",
+  b"7",
+  b"8",
+  b"9",
+  b"16",
+  b"127",
+  b"1024",
+  b"65536",
+  b"2147483647",
+  b"-2147483648",
+  b"4294967296",
+  b"9223372036854775807",
+  b"99999999999999999999",
+  b"1.5",
+  b"1e40",
+  b"0x7FC00000",
+  b"nan",
+  b"inf",
+]
 _NUMBER = re.compile(rb"-?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 _WORD = re.compile(rb"[A-Za-z_][A-Za-z0-9_.]*")
 
@@ -120,16 +142,31 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, str]:
     return bytes(rng.randrange(256) for _ in range(rng.randrange(1, 16))), "random"
   # The *_everywhere kinds twice as often: their mutants often parse, so they
   # reach match, build and verify with modules nobody wrote.
-  kind = rng.choice(["delete", "delete_line", "swap", "swap_lines", "duplicate_line",
-                     "truncate", "random_bytes", "insert_bytes", "repeat", "number", "word",
-                     "number_everywhere", "word_everywhere"] * 2 +
-                    ["number_everywhere", "word_everywhere"] * 2)
+  kind = rng.choice(
+    [
+      "delete",
+      "delete_line",
+      "swap",
+      "swap_lines",
+      "duplicate_line",
+      "truncate",
+      "random_bytes",
+      "insert_bytes",
+      "repeat",
+      "number",
+      "word",
+      "number_everywhere",
+      "word_everywhere",
+    ]
+    * 2
+    + ["number_everywhere", "word_everywhere"] * 2
+  )
   n = len(data)
   if kind == "delete":
     a, b = _span(rng, n)
     return data[:a] + data[b:], kind
   if kind == "truncate":
-    return data[:rng.randrange(0, n)], kind
+    return data[: rng.randrange(0, n)], kind
   if kind == "random_bytes":
     out = bytearray(data)
     for _ in range(rng.randrange(1, 9)):
@@ -141,7 +178,7 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, str]:
     return data[:at] + junk + data[at:], kind
   if kind == "swap":
     (a, b), (c, d) = sorted([_span(rng, n), _span(rng, n)])
-    if c < b:                    # overlapping spans: reverse their union instead
+    if c < b:  # overlapping spans: reverse their union instead
       d = max(b, d)
       return data[:a] + data[a:d][::-1] + data[d:], "reverse"
     return data[:a] + data[c:d] + data[b:c] + data[a:b] + data[d:], kind
@@ -156,15 +193,14 @@ def mutate(data: bytes, rng: random.Random) -> tuple[bytes, str]:
     found = list(pattern.finditer(data))
     if found:
       m = rng.choice(found)
-      new = rng.choice(INTERESTING_NUMBERS if pattern is _NUMBER else
-                       [f.group() for f in found])
+      new = rng.choice(INTERESTING_NUMBERS if pattern is _NUMBER else [f.group() for f in found])
       if kind.endswith("everywhere"):
         # The same change at every occurrence keeps the module consistent (all
         # 512s become 7s, all f32s f16s), so more cases get past the verifier.
         old = re.escape(m.group())
         return re.sub(rb"(?<![\w.])" + old + rb"(?![\w.])", lambda _: new, data), kind
-      return data[:m.start()] + new + data[m.end():], kind
-    return data[:rng.randrange(0, n)], "truncate"
+      return data[: m.start()] + new + data[m.end() :], kind
+    return data[: rng.randrange(0, n)], "truncate"
   lines = _lines(data)
   i, j = rng.randrange(len(lines)), rng.randrange(len(lines))
   if kind == "delete_line":
@@ -195,29 +231,35 @@ def make_case(bases: list[tuple[str, bytes]], seed: int, index: int) -> Case:
 def random_flags(rng: random.Random) -> str:
   """Flags for a random scheme the pass accepts: every algorithm, format, rotation."""
   from equarx_pass import policy
+
   while True:
-    flags = " ".join([
+    flags = " ".join(
+      [
         "--equarx_enable --equarx_min_bytes=0",
         f"--equarx_block_size={rng.choice(BLOCK_SIZES)}",
         f"--equarx_algorithm={rng.choice(policy.ALGORITHMS)}",
         f"--equarx_format={rng.choice(policy.FORMATS)}",
         f"--equarx_rotation={rng.choice(policy.ROTATIONS)}",
         f"--equarx_block_layout={rng.choice(policy.BLOCK_LAYOUTS)}",
-        f"--equarx_microshards={rng.choice([1, 1, 2, 4])}"])
+        f"--equarx_microshards={rng.choice([1, 1, 2, 4])}",
+      ]
+    )
     try:
       policy.Policy.from_flags(flags)
-    except ValueError:     # FlagError: an inconsistent combination; draw again
+    except ValueError:  # FlagError: an inconsistent combination; draw again
       continue
     return flags
 
 
 # --- the worker: one case at a time, in a child process --------------------------
 
+
 def check_rewrite(data: bytes, path: str, result, policy) -> str | None:
   """Why a successful transform of `data` emitted an invalid module, or None."""
   from equarx_pass import parse, transform
   from equarx_pass.errors import EquarxError
   from equarx_pass.match import find_all_reduces
+
   try:
     out = parse.parse_bytes(result.text, path + " (output)").module
   except EquarxError as e:
@@ -229,8 +271,9 @@ def check_rewrite(data: bytes, path: str, result, policy) -> str | None:
     return f"{len(result.records)} records for {before} all-reduces"
   if after != before - rewritten:
     return f"{before} all-reduces, {rewritten} rewritten, but {after} left in the output"
-  if rewritten and not any(f"stablehlo.{op}" in result.text
-                           for op in ("collective_permute", "all_to_all", "all_gather")):
+  if rewritten and not any(
+    f"stablehlo.{op}" in result.text for op in ("collective_permute", "all_to_all", "all_gather")
+  ):
     return "sites rewritten but the output has no collective that replaces them"
   try:
     again = transform.transform_text(result.text, policy, path + " (output)")
@@ -244,9 +287,9 @@ def check_rewrite(data: bytes, path: str, result, policy) -> str | None:
 def run_one(case_path: str) -> dict:
   """Transform one saved case; classify what happened."""
   from equarx_pass import transform
-  from equarx_pass.errors import (CompileError, EquarxError, ParseError, RewriteError,
-                                  VerifyError)
+  from equarx_pass.errors import CompileError, EquarxError, ParseError, RewriteError, VerifyError
   from equarx_pass.policy import Policy
+
   with open(case_path + ".json") as f:
     meta = json.load(f)
   with open(case_path, "rb") as f:
@@ -270,14 +313,17 @@ def run_one(case_path: str) -> dict:
   if problem:
     return {"outcome": "invalid", "detail": problem}
   changed = any(r.rewritten for r in result.records)
-  return {"outcome": "rewritten" if changed else "unchanged",
-          "detail": f"{sum(r.rewritten for r in result.records)} of {len(result.records)} sites"}
+  return {
+    "outcome": "rewritten" if changed else "unchanged",
+    "detail": f"{sum(r.rewritten for r in result.records)} of {len(result.records)} sites",
+  }
 
 
 def worker_main() -> None:
   """Read case paths from stdin, answer one JSON line each."""
   sys.path.insert(0, ROOT)
   import equarx_pass  # noqa: F401 -- import before the first case, not during it
+
   for line in sys.stdin:
     try:
       answer = run_one(line.strip())
@@ -288,6 +334,7 @@ def worker_main() -> None:
 
 # --- the driver --------------------------------------------------------------------
 
+
 def _worker_env() -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
   env.pop("EQUARX_FLAGS", None)
@@ -296,10 +343,15 @@ def _worker_env() -> dict:
 
 class _Worker:
   def __init__(self):
-    self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.DEVNULL, env=_worker_env(), text=True)
-    self.case = None          # index of the case in flight
+    self.proc = subprocess.Popen(
+      [sys.executable, os.path.abspath(__file__), "--worker"],
+      stdin=subprocess.PIPE,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.DEVNULL,
+      env=_worker_env(),
+      text=True,
+    )
+    self.case = None  # index of the case in flight
     self.started = 0.0
 
   def send(self, index: int, path: str) -> None:
@@ -316,13 +368,19 @@ def _crash_detail(proc: subprocess.Popen) -> str:
   code = proc.wait()
   if code < 0:
     import signal
+
     return f"worker killed by {signal.Signals(-code).name}"
   return f"worker exited with status {code}"
 
 
-def run_cases(cases: list[Case], jobs: int = 2, timeout: float = 120.0,
-              workdir: str | None = None, confirm: bool = True,
-              progress=None) -> list[Result]:
+def run_cases(
+  cases: list[Case],
+  jobs: int = 2,
+  timeout: float = 120.0,
+  workdir: str | None = None,
+  confirm: bool = True,
+  progress=None,
+) -> list[Result]:
   """Run every case in worker processes; one Result per case, in order."""
   own_dir = workdir is None
   workdir = workdir or tempfile.mkdtemp(prefix="equarx-fuzz-")
@@ -365,7 +423,7 @@ def run_cases(cases: list[Case], jobs: int = 2, timeout: float = 120.0,
       for key, _ in sel.select(timeout=1.0):
         w = key.data
         line = w.proc.stdout.readline()
-        if not line:            # the worker died while running its case
+        if not line:  # the worker died while running its case
           retire(w, _crash_detail(w.proc))
           if pending:
             start_worker()
@@ -410,8 +468,9 @@ def run_cli(case: Case, workdir: str) -> str | None:
     os.unlink(out)
   argv = [sys.executable, "-m", "equarx_pass.cli", src, "-o", out, *case.flags.split()]
   try:
-    proc = subprocess.run(argv, capture_output=True, text=True, env=_worker_env(), timeout=600,
-                          cwd=ROOT)
+    proc = subprocess.run(
+      argv, capture_output=True, text=True, env=_worker_env(), timeout=600, cwd=ROOT
+    )
   except subprocess.TimeoutExpired:
     return "equarx-opt did not finish in 600 s"
   with open(src, "rb") as f:
@@ -430,17 +489,18 @@ def run_cli(case: Case, workdir: str) -> str | None:
 
 def summarize(results: list[Result]) -> dict:
   counts = collections.Counter(r.outcome for r in results)
-  contained = sum(r.outcome == "clean_error" and any(c in r.detail for c in CONTAINED)
-                  for r in results)
+  contained = sum(
+    r.outcome == "clean_error" and any(c in r.detail for c in CONTAINED) for r in results
+  )
   return {
-      "cases": len(results),
-      "clean_errors": counts["clean_error"],
-      "parser_failures_contained": contained,
-      "internal_errors": counts["internal_error"],
-      "rewrites": counts["rewritten"] + counts["unchanged"],
-      "rewrites_with_sites_rewritten": counts["rewritten"],
-      "crashes": counts["crash"],
-      "invalid_modules": counts["invalid"],
+    "cases": len(results),
+    "clean_errors": counts["clean_error"],
+    "parser_failures_contained": contained,
+    "internal_errors": counts["internal_error"],
+    "rewrites": counts["rewritten"] + counts["unchanged"],
+    "rewrites_with_sites_rewritten": counts["rewritten"],
+    "crashes": counts["crash"],
+    "invalid_modules": counts["invalid"],
   }
 
 
@@ -463,14 +523,26 @@ def main(argv=None) -> int:
   parser.add_argument("--cases", type=int, default=1000)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--jobs", type=int, default=2)
-  parser.add_argument("--timeout", type=float, default=120.0,
-                      help="seconds per case (parse.py gives its helper 60 s for a small input)")
+  parser.add_argument(
+    "--timeout",
+    type=float,
+    default=120.0,
+    help="seconds per case (parse.py gives its helper 60 s for a small input)",
+  )
   parser.add_argument("--only", type=int, help="run (and with --save, write out) just this case")
-  parser.add_argument("--save", default=os.path.join(tempfile.gettempdir(), "equarx-fuzz"),
-                      help="where inputs that crashed or gave invalid modules are written")
+  parser.add_argument(
+    "--save",
+    default=os.path.join(tempfile.gettempdir(), "equarx-fuzz"),
+    help="where inputs that crashed or gave invalid modules are written",
+  )
   parser.add_argument("--json", action="store_true", help="print the counts as one JSON object")
-  parser.add_argument("--cli", type=int, default=0, metavar="N",
-                      help="also run the first N cases through equarx-opt (about 3 s each)")
+  parser.add_argument(
+    "--cli",
+    type=int,
+    default=0,
+    metavar="N",
+    help="also run the first N cases through equarx-opt (about 3 s each)",
+  )
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   args = parser.parse_args(argv)
   if args.worker:
@@ -486,21 +558,23 @@ def main(argv=None) -> int:
   flags = "--equarx_enable --equarx_min_bytes=0"
   unmutated = [Case(name, data, flags) for name, data in bases]
   results = run_cases(unmutated + cases, args.jobs, args.timeout)
-  base_results, results = results[:len(bases)], results[len(bases):]
+  base_results, results = results[: len(bases)], results[len(bases) :]
   counts = summarize(results)
   if args.cli:
     from concurrent.futures import ThreadPoolExecutor
+
     dirs = [tempfile.mkdtemp(prefix="equarx-fuzz-cli-") for _ in range(args.cli)]
     with ThreadPoolExecutor(args.jobs) as pool:
-      cli_problems = list(pool.map(run_cli, cases[:args.cli], dirs))
+      cli_problems = list(pool.map(run_cli, cases[: args.cli], dirs))
     for d in dirs:
       shutil.rmtree(d, ignore_errors=True)
     counts["cli_cases"] = len(cli_problems)
     counts["cli_failures"] = sum(p is not None for p in cli_problems)
     for i, problem in enumerate(cli_problems):
       if problem:
-        results[i] = Result("crash" if results[i].outcome != "invalid" else "invalid",
-                            f"equarx-opt: {problem}")
+        results[i] = Result(
+          "crash" if results[i].outcome != "invalid" else "invalid", f"equarx-opt: {problem}"
+        )
     counts["crashes"] = summarize(results)["crashes"]
   counts["base_inputs"] = len(bases)
   counts["base_inputs_ok"] = sum(r.outcome in ("rewritten", "unchanged") for r in base_results)
@@ -509,20 +583,42 @@ def main(argv=None) -> int:
   for i, case, r in zip(indices, cases, results):
     if r.outcome in ("crash", "invalid") or args.only is not None:
       failures.append((save_case(args.save, i, case, r), case, r))
-  bases_failed = [(case.name, r) for case, r in zip(unmutated, base_results)
-                  if r.outcome not in ("rewritten", "unchanged")]
+  bases_failed = [
+    (case.name, r)
+    for case, r in zip(unmutated, base_results)
+    if r.outcome not in ("rewritten", "unchanged")
+  ]
   if args.json:
-    counts["failures"] = [{"input": p, "case": c.name, "outcome": r.outcome, "detail": r.detail,
-                           "reproduced": r.reproduced} for p, c, r in failures]
-    counts["base_failures"] = [{"case": name, "outcome": r.outcome, "detail": r.detail}
-                               for name, r in bases_failed]
+    counts["failures"] = [
+      {
+        "input": p,
+        "case": c.name,
+        "outcome": r.outcome,
+        "detail": r.detail,
+        "reproduced": r.reproduced,
+      }
+      for p, c, r in failures
+    ]
+    counts["base_failures"] = [
+      {"case": name, "outcome": r.outcome, "detail": r.detail} for name, r in bases_failed
+    ]
     print(json.dumps(counts))
   else:
     print(f"equarx fuzz: seed {args.seed}, {counts['seconds']} s")
-    for key in ("base_inputs", "base_inputs_ok", "cases", "clean_errors",
-                "parser_failures_contained", "internal_errors", "rewrites",
-                "rewrites_with_sites_rewritten", "crashes", "invalid_modules",
-                "cli_cases", "cli_failures"):
+    for key in (
+      "base_inputs",
+      "base_inputs_ok",
+      "cases",
+      "clean_errors",
+      "parser_failures_contained",
+      "internal_errors",
+      "rewrites",
+      "rewrites_with_sites_rewritten",
+      "crashes",
+      "invalid_modules",
+      "cli_cases",
+      "cli_failures",
+    ):
       if key in counts:
         print(f"  {key:30s} {counts[key]}")
     for name, r in bases_failed:

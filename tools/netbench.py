@@ -41,11 +41,12 @@ import benchlib  # noqa: E402
 PORT = 12355
 BASELINES = ("native", "bf16ring")
 DTYPE_BYTES = {"bf16": 2, "f32": 4}
-SMALL_BYTES, SMALL_REPEATS = 1 << 20, 25   # below 1 MiB: at least 25 timed calls
-STEP_LATENCY_S = 2e-3     # measured per ring step on a 2-core host (docs/performance.md)
+SMALL_BYTES, SMALL_REPEATS = 1 << 20, 25  # below 1 MiB: at least 25 timed calls
+STEP_LATENCY_S = 2e-3  # measured per ring step on a 2-core host (docs/performance.md)
 
 
 # --- worker: runs inside one host namespace ------------------------------------
+
 
 def _tx_bytes() -> int:
   with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
@@ -54,6 +55,7 @@ def _tx_bytes() -> int:
 
 def _inputs(rank: int, num_values: int, dtype, seed: int = 0):
   import numpy as np
+
   rng = np.random.default_rng([seed, rank, num_values])
   return rng.standard_normal(num_values, dtype=np.float32).astype(dtype)
 
@@ -70,8 +72,9 @@ def worker(cfg: dict) -> None:
   from bf16_ring import bf16_ring_allreduce
 
   rank, n = cfg["rank"], cfg["procs"]
-  jax.distributed.initialize(cfg["coordinator"], num_processes=n, process_id=rank,
-                             initialization_timeout=120)
+  jax.distributed.initialize(
+    cfg["coordinator"], num_processes=n, process_id=rank, initialization_timeout=120
+  )
   assert jax.device_count() == n, jax.devices()
   mesh = Mesh(np.array(jax.devices()), ("x",))
   sharding = NamedSharding(mesh, P("x"))
@@ -81,7 +84,8 @@ def worker(cfg: dict) -> None:
 
   def global_array(host_values):
     return jax.make_array_from_single_device_arrays(
-        (n,) + host_values.shape, sharding, [jax.device_put(host_values[None], local)])
+      (n,) + host_values.shape, sharding, [jax.device_put(host_values[None], local)]
+    )
 
   def shard_mapped(body):
     return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
@@ -99,13 +103,15 @@ def worker(cfg: dict) -> None:
   barrier_bytes = (_tx_bytes() - tx) / 20
 
   def programs(nbytes_model):
-    progs = {"native": (jax.jit(shard_mapped(lambda v: jax.lax.psum(v, "x"))), None),
-             "bf16ring": (jax.jit(shard_mapped(lambda v: bf16_ring_allreduce(v, "x", n))),
-                          nbytes_model)}
+    progs = {
+      "native": (jax.jit(shard_mapped(lambda v: jax.lax.psum(v, "x"))), None),
+      "bf16ring": (jax.jit(shard_mapped(lambda v: bf16_ring_allreduce(v, "x", n))), nbytes_model),
+    }
     for scheme in cfg["schemes"]:
       try:
-        f = equarx_pass.jit(shard_mapped(lambda v: jax.lax.psum(v, "x")),
-                            flags=scheme + " --equarx_min_bytes=0")
+        f = equarx_pass.jit(
+          shard_mapped(lambda v: jax.lax.psum(v, "x")), flags=scheme + " --equarx_min_bytes=0"
+        )
       except equarx_pass.FlagError as e:
         progs[scheme] = (None, f"not available ({e})")
         continue
@@ -128,7 +134,7 @@ def worker(cfg: dict) -> None:
           continue
         try:
           start = time.perf_counter()
-          y = f(x)                     # compiles (and, for equarx, rewrites)
+          y = f(x)  # compiles (and, for equarx, rewrites)
           y.block_until_ready()
           first = time.perf_counter() - start
           # Small messages take milliseconds and scheduling noise on 2 shared cores
@@ -156,26 +162,38 @@ def worker(cfg: dict) -> None:
             model = f.report.records[-1].bytes_after
           elif name == "bf16ring":
             model = ring_bytes
-          row.update(times=times, first_call=first, tx_bytes=sent, model_bytes=model,
-                     rel_err=err, digest=digest)
+          row.update(
+            times=times,
+            first_call=first,
+            tx_bytes=sent,
+            model_bytes=model,
+            rel_err=err,
+            digest=digest,
+          )
         except Exception as e:  # one broken scheme must not sink the run
           row.update(error=f"{type(e).__name__}: {str(e)[:300]}")
         out.write(json.dumps(row) + "\n")
         out.flush()
         if "times" in row:
-          say(f"  {cfg['rate']:>8} {dtype_name:>4} {benchlib.fmt_bytes(size):>9} "
-              f"{name:<44} {statistics.median(row['times']) * 1e3:9.1f} ms  "
-              f"{row['tx_bytes'] / 2 ** 20:8.2f} MiB sent  err {row['rel_err']:.1e}",
-              flush=True)
+          say(
+            f"  {cfg['rate']:>8} {dtype_name:>4} {benchlib.fmt_bytes(size):>9} "
+            f"{name:<44} {statistics.median(row['times']) * 1e3:9.1f} ms  "
+            f"{row['tx_bytes'] / 2**20:8.2f} MiB sent  err {row['rel_err']:.1e}",
+            flush=True,
+          )
         else:
-          say(f"  {cfg['rate']:>8} {dtype_name:>4} {benchlib.fmt_bytes(size):>9} "
-              f"{name:<44} {row['error'][:80]}", flush=True)
+          say(
+            f"  {cfg['rate']:>8} {dtype_name:>4} {benchlib.fmt_bytes(size):>9} "
+            f"{name:<44} {row['error'][:80]}",
+            flush=True,
+          )
   out.close()
   barrier()
   jax.distributed.shutdown()
 
 
 # --- parent: builds the network, starts the workers, aggregates ----------------
+
 
 def estimate_seconds(sizes, dtypes, rate_bps, procs, programs, repeats, warmup) -> float:
   """A rough model: bf16-ring bytes at the link rate, native at 4 bytes/value."""
@@ -195,24 +213,34 @@ def estimate_seconds(sizes, dtypes, rate_bps, procs, programs, repeats, warmup) 
 
 def run_rate(net, rate, cfg, outdir) -> list[dict]:
   import netns
+
   net.set_rate(None if rate == "none" else rate)
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3",
-             PYTHONPATH=benchlib.ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-  env.pop("XLA_FLAGS", None)   # one CPU device per process
+  env = dict(
+    os.environ,
+    JAX_PLATFORMS="cpu",
+    TF_CPP_MIN_LOG_LEVEL="3",
+    PYTHONPATH=benchlib.ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+  )
+  env.pop("XLA_FLAGS", None)  # one CPU device per process
   if cfg.get("xla_flags"):
     env["XLA_FLAGS"] = cfg["xla_flags"]
-  rate_bps = netns.parse_rate(rate) if rate != "none" else 10 ** 10
+  rate_bps = netns.parse_rate(rate) if rate != "none" else 10**10
   budget = cfg["budget"][rate]
   procs, files = [], []
   for i in range(net.num_hosts):
     path = os.path.join(outdir, f"{rate}-host{i}.jsonl")
     files.append(path)
-    wcfg = dict(cfg["worker"], rank=i, procs=net.num_hosts, rate=rate, out=path,
-                coordinator=f"{net.host_ip(0)}:{PORT}")
+    wcfg = dict(
+      cfg["worker"],
+      rank=i,
+      procs=net.num_hosts,
+      rate=rate,
+      out=path,
+      coordinator=f"{net.host_ip(0)}:{PORT}",
+    )
     log = open(os.path.join(outdir, f"{rate}-host{i}.log"), "w")
     argv = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(wcfg)]
-    procs.append(net.start_on_host(i, argv, env=env, stdout=None if i == 0 else log,
-                                   stderr=log))
+    procs.append(net.start_on_host(i, argv, env=env, stdout=None if i == 0 else log, stderr=log))
   load_before = os.getloadavg()
   codes = net.wait_all(procs, timeout=budget)
   load_after = os.getloadavg()
@@ -243,16 +271,21 @@ def aggregate(rows: list[dict], procs: int) -> list[dict]:
       out.append(row)
       continue
     per_call = [max(ts) for ts in zip(*(r["times"] for r in rs))]
-    row.update(seconds=statistics.median(per_call), calls=len(per_call), per_call=per_call,
-               tx_bytes_hosts=[r["tx_bytes"] for r in sorted(rs, key=lambda r: r["rank"])],
-               seconds_min=min(per_call), seconds_max=max(per_call),
-               tx_bytes=statistics.mean(r["tx_bytes"] for r in rs),
-               tx_bytes_max=max(r["tx_bytes"] for r in rs),
-               model_bytes=rs[0].get("model_bytes"),
-               rel_err=max(r["rel_err"] for r in rs),
-               same=len({r["digest"] for r in rs}) == 1,
-               first_call=max(r["first_call"] for r in rs),
-               loadavg=rs[0].get("loadavg"))
+    row.update(
+      seconds=statistics.median(per_call),
+      calls=len(per_call),
+      per_call=per_call,
+      tx_bytes_hosts=[r["tx_bytes"] for r in sorted(rs, key=lambda r: r["rank"])],
+      seconds_min=min(per_call),
+      seconds_max=max(per_call),
+      tx_bytes=statistics.mean(r["tx_bytes"] for r in rs),
+      tx_bytes_max=max(r["tx_bytes"] for r in rs),
+      model_bytes=rs[0].get("model_bytes"),
+      rel_err=max(r["rel_err"] for r in rs),
+      same=len({r["digest"] for r in rs}) == 1,
+      first_call=max(r["first_call"] for r in rs),
+      loadavg=rs[0].get("loadavg"),
+    )
     out.append(row)
   # Ratios to both baselines, within each (rate, dtype, size).
   base = {(r["rate"], r["dtype"], r["size"], r["program"]): r for r in out if "seconds" in r}
@@ -272,20 +305,41 @@ def label(program: str) -> str:
 
 
 def print_tables(agg: list[dict]) -> str:
-  cols = ["rate", "dtype", "size", "program", "median ms", "MiB sent/host", "x native",
-          "x bf16ring", "bytes x bf16ring", "rel err", "same"]
+  cols = [
+    "rate",
+    "dtype",
+    "size",
+    "program",
+    "median ms",
+    "MiB sent/host",
+    "x native",
+    "x bf16ring",
+    "bytes x bf16ring",
+    "rel err",
+    "same",
+  ]
   rows = []
   for r in sorted(agg, key=lambda r: (r["rate"], r["dtype"], r["size"])):
-    row = {"rate": r["rate"], "dtype": r["dtype"], "size": benchlib.fmt_bytes(r["size"]),
-           "program": label(r["program"])}
+    row = {
+      "rate": r["rate"],
+      "dtype": r["dtype"],
+      "size": benchlib.fmt_bytes(r["size"]),
+      "program": label(r["program"]),
+    }
     if "seconds" in r:
-      row.update({"median ms": f"{r['seconds'] * 1e3:.1f}",
-                  "MiB sent/host": f"{r['tx_bytes'] / 2 ** 20:.3f}",
-                  "x native": f"{r.get('vs_native', 0):.2f}",
-                  "x bf16ring": f"{r.get('vs_bf16ring', 0):.2f}",
-                  "bytes x bf16ring": (f"{r['bytes_vs_bf16ring']:.2f}"
-                                       if r.get("bytes_vs_bf16ring") else "-"),
-                  "rel err": f"{r['rel_err']:.1e}", "same": "yes" if r["same"] else "NO"})
+      row.update(
+        {
+          "median ms": f"{r['seconds'] * 1e3:.1f}",
+          "MiB sent/host": f"{r['tx_bytes'] / 2**20:.3f}",
+          "x native": f"{r.get('vs_native', 0):.2f}",
+          "x bf16ring": f"{r.get('vs_bf16ring', 0):.2f}",
+          "bytes x bf16ring": (
+            f"{r['bytes_vs_bf16ring']:.2f}" if r.get("bytes_vs_bf16ring") else "-"
+          ),
+          "rel err": f"{r['rel_err']:.1e}",
+          "same": "yes" if r["same"] else "NO",
+        }
+      )
     else:
       row["median ms"] = r["error"][:60]
     rows.append(row)
@@ -300,13 +354,18 @@ def pivot_markdown(agg: list[dict], min_size: int = 0) -> str:
   programs = list(dict.fromkeys(r["program"] for r in agg))
   schemes = [p for p in programs if p not in BASELINES]
   by = {(r["rate"], r["dtype"], r["size"], r["program"]): r for r in agg}
-  cols = (["rate", "dtype", "size/dev"] + [f"{label(p)} ms" for p in programs]
-          + [f"{label(p)} x ring / x native" for p in schemes]
-          + ["MiB sent/host: " + " / ".join(label(p) for p in programs[:3])]
-          + [f"{label(p)} rel err" for p in schemes[:1]] + ["bf16ring rel err", "same bits"])
+  cols = (
+    ["rate", "dtype", "size/dev"]
+    + [f"{label(p)} ms" for p in programs]
+    + [f"{label(p)} x ring / x native" for p in schemes]
+    + ["MiB sent/host: " + " / ".join(label(p) for p in programs[:3])]
+    + [f"{label(p)} rel err" for p in schemes[:1]]
+    + ["bf16ring rel err", "same bits"]
+  )
   rows = []
-  for rate, dtype, size in sorted({(r["rate"], r["dtype"], r["size"]) for r in agg},
-                                  key=lambda k: (k[0], k[1], k[2])):
+  for rate, dtype, size in sorted(
+    {(r["rate"], r["dtype"], r["size"]) for r in agg}, key=lambda k: (k[0], k[1], k[2])
+  ):
     if size < min_size:
       continue
     row = {"rate": rate, "dtype": dtype, "size/dev": benchlib.fmt_bytes(size)}
@@ -318,7 +377,8 @@ def pivot_markdown(agg: list[dict], min_size: int = 0) -> str:
       if r and "vs_bf16ring" in r:
         row[f"{label(p)} x ring / x native"] = f"{r['vs_bf16ring']:.2f} / {r['vs_native']:.2f}"
     row[cols[3 + len(programs) + len(schemes)]] = " / ".join(
-        f"{r['tx_bytes'] / 2 ** 20:.2f}" if r and "tx_bytes" in r else "-" for r in got[:3])
+      f"{r['tx_bytes'] / 2**20:.2f}" if r and "tx_bytes" in r else "-" for r in got[:3]
+    )
     first = by.get((rate, dtype, size, schemes[0])) if schemes else None
     ring = by.get((rate, dtype, size, "bf16ring"))
     if first and "rel_err" in first:
@@ -333,7 +393,7 @@ def pivot_markdown(agg: list[dict], min_size: int = 0) -> str:
 def threshold(agg: list[dict], scheme: str) -> int | None:
   """Smallest measured size from which `scheme` beats native at every larger size,
   every rate and dtype (None: never)."""
-  agg = [r for r in agg if r["rate"] != "none"]    # unshaped: a compute floor, no link
+  agg = [r for r in agg if r["rate"] != "none"]  # unshaped: a compute floor, no link
   sizes = sorted({r["size"] for r in agg})
   keys = {(r["rate"], r["dtype"]) for r in agg}
   best = None
@@ -353,20 +413,24 @@ def summary(agg: list[dict]) -> list[str]:
     rs = [r for r in agg if r["program"] == scheme and "vs_bf16ring" in r]
     for rate in sorted({r["rate"] for r in rs}):
       for dtype in sorted({r["dtype"] for r in rs}):
-        sel = sorted((r for r in rs if r["rate"] == rate and r["dtype"] == dtype),
-                     key=lambda r: r["size"])
+        sel = sorted(
+          (r for r in rs if r["rate"] == rate and r["dtype"] == dtype), key=lambda r: r["size"]
+        )
         big = [r for r in sel if r["size"] >= 8 << 20]
         if big:
           lines.append(
-              f"{label(scheme)} at {rate}, {dtype}: over the bf16 ring "
-              + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_bf16ring']:.2f}x" for r in big)
-              + "; over native "
-              + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_native']:.2f}x" for r in big))
+            f"{label(scheme)} at {rate}, {dtype}: over the bf16 ring "
+            + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_bf16ring']:.2f}x" for r in big)
+            + "; over native "
+            + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_native']:.2f}x" for r in big)
+          )
     t = threshold(agg, scheme)
-    lines.append(f"{label(scheme)}: faster than native at every shaped rate and dtype from "
-                 f"{benchlib.fmt_bytes(t)} up" if t else
-                 f"{label(scheme)}: at no measured size faster than native at every shaped "
-                 f"rate and dtype")
+    lines.append(
+      f"{label(scheme)}: faster than native at every shaped rate and dtype from "
+      f"{benchlib.fmt_bytes(t)} up"
+      if t
+      else f"{label(scheme)}: at no measured size faster than native at every shaped rate and dtype"
+    )
   return lines
 
 
@@ -382,11 +446,17 @@ def plot(agg: list[dict], path: str) -> None:
     for program in dict.fromkeys(r["program"] for r in rs):
       mine = sorted((r for r in rs if r["program"] == program), key=lambda r: r["size"])
       style = "--" if program in BASELINES else "-"
-      mib = [r["size"] / 2 ** 20 for r in mine]
-      axes[0][col].plot(mib, [r["seconds"] * 1e3 for r in mine], style, marker=".",
-                        label=label(program))
-      axes[1][col].plot(mib, [r.get("vs_bf16ring", float("nan")) for r in mine], style,
-                        marker=".", label=label(program))
+      mib = [r["size"] / 2**20 for r in mine]
+      axes[0][col].plot(
+        mib, [r["seconds"] * 1e3 for r in mine], style, marker=".", label=label(program)
+      )
+      axes[1][col].plot(
+        mib,
+        [r.get("vs_bf16ring", float("nan")) for r in mine],
+        style,
+        marker=".",
+        label=label(program),
+      )
     axes[0][col].set_title(f"{rate}, {dtype}", fontsize=9)
     axes[0][col].set_yscale("log")
     axes[0][col].set_ylabel("median ms per all-reduce")
@@ -396,8 +466,10 @@ def plot(agg: list[dict], path: str) -> None:
     for ax in (axes[0][col], axes[1][col]):
       ax.set_xscale("log", base=2)
   axes[0][0].legend(fontsize=7)
-  fig.suptitle(f"all-reduce on {agg[0].get('hosts', '?')} emulated hosts "
-               "(slowest host per call, median)", fontsize=9)
+  fig.suptitle(
+    f"all-reduce on {agg[0].get('hosts', '?')} emulated hosts (slowest host per call, median)",
+    fontsize=9,
+  )
   fig.tight_layout()
   benchlib.save_plot(fig, path)
 
@@ -406,24 +478,40 @@ def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--procs", type=int, default=4)
   ap.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
-  ap.add_argument("--sizes", nargs="+", default=None,
-                  help="bytes per device, e.g. 64K 1M 32M (default depends on --quick)")
-  ap.add_argument("--max-size", nargs="+", default=[],
-                  help="RATE=SIZE caps per rate, e.g. 100mbit=8M (the slow link takes long)")
+  ap.add_argument(
+    "--sizes",
+    nargs="+",
+    default=None,
+    help="bytes per device, e.g. 64K 1M 32M (default depends on --quick)",
+  )
+  ap.add_argument(
+    "--max-size",
+    nargs="+",
+    default=[],
+    help="RATE=SIZE caps per rate, e.g. 100mbit=8M (the slow link takes long)",
+  )
   ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
   benchlib.add_scheme_argument(ap)
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--warmup", type=int, default=1)
   ap.add_argument("--quick", action="store_true", help="few sizes, 3 repeats")
-  ap.add_argument("--keep-raw", action="store_true",
-                  help="also write every host's own rows to OUT.raw.json")
-  ap.add_argument("--xla-flags", default="",
-                  help="XLA_FLAGS for the host processes (e.g. XLA:CPU scheduler options)")
-  ap.add_argument("--no-slow-start-after-idle", action="store_true",
-                  help="set net.ipv4.tcp_slow_start_after_idle=0 in every host namespace")
+  ap.add_argument(
+    "--keep-raw", action="store_true", help="also write every host's own rows to OUT.raw.json"
+  )
+  ap.add_argument(
+    "--xla-flags",
+    default="",
+    help="XLA_FLAGS for the host processes (e.g. XLA:CPU scheduler options)",
+  )
+  ap.add_argument(
+    "--no-slow-start-after-idle",
+    action="store_true",
+    help="set net.ipv4.tcp_slow_start_after_idle=0 in every host namespace",
+  )
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "netbench.json"))
-  ap.add_argument("--replot", metavar="JSON",
-                  help="only print the tables and redraw the plot of a saved run")
+  ap.add_argument(
+    "--replot", metavar="JSON", help="only print the tables and redraw the plot of a saved run"
+  )
   ap.add_argument("--worker", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.worker:
@@ -438,12 +526,14 @@ def main() -> int:
     return 0
 
   import netns
+
   if os.geteuid() != 0:
     print("needs root (network namespaces and tc)", file=sys.stderr)
     return 2
   if args.sizes is None:
-    args.sizes = (["64K", "1M", "8M"] if args.quick else
-                  ["4K", "16K", "64K", "256K", "1M", "4M", "8M", "32M"])
+    args.sizes = (
+      ["64K", "1M", "8M"] if args.quick else ["4K", "16K", "64K", "256K", "1M", "4M", "8M", "32M"]
+    )
   else:
     args.sizes = [s for arg in args.sizes for s in arg.split(",")]
   if args.quick:
@@ -458,27 +548,36 @@ def main() -> int:
   plan, total = {}, 0.0
   for rate in args.rates:
     rsizes = [s for s in sizes if s <= caps.get(rate, 1 << 62)]
-    bps = netns.parse_rate(rate) if rate != "none" else 10 ** 10
-    est = estimate_seconds(rsizes, args.dtypes, bps, args.procs, programs, args.repeats,
-                           args.warmup)
+    bps = netns.parse_rate(rate) if rate != "none" else 10**10
+    est = estimate_seconds(
+      rsizes, args.dtypes, bps, args.procs, programs, args.repeats, args.warmup
+    )
     plan[rate] = (rsizes, est)
     total += est
-  print(f"{args.procs} hosts, rates {args.rates}, dtypes {args.dtypes}, "
-        f"{len(programs)} programs, {args.repeats} timed calls each; "
-        f"expected about {total / 60:.1f} min (each rate is stopped at 3x its estimate)")
+  print(
+    f"{args.procs} hosts, rates {args.rates}, dtypes {args.dtypes}, "
+    f"{len(programs)} programs, {args.repeats} timed calls each; "
+    f"expected about {total / 60:.1f} min (each rate is stopped at 3x its estimate)"
+  )
 
   outdir = tempfile.mkdtemp(prefix="netbench-")
   rows = []
   started = time.time()
-  with netns.Network(args.procs, None,
-                     slow_start_after_idle=not args.no_slow_start_after_idle) as net:
+  with netns.Network(
+    args.procs, None, slow_start_after_idle=not args.no_slow_start_after_idle
+  ) as net:
     for rate in args.rates:
       rsizes, est = plan[rate]
-      cfg = {"budget": {rate: 3 * est + 60}, "xla_flags": args.xla_flags,
-             "worker": dict(sizes=rsizes, dtypes=args.dtypes, schemes=ok,
-                            repeats=args.repeats, warmup=args.warmup)}
-      print(f"--- {rate}: sizes {[benchlib.fmt_bytes(s) for s in rsizes]}, "
-            f"about {est / 60:.1f} min")
+      cfg = {
+        "budget": {rate: 3 * est + 60},
+        "xla_flags": args.xla_flags,
+        "worker": dict(
+          sizes=rsizes, dtypes=args.dtypes, schemes=ok, repeats=args.repeats, warmup=args.warmup
+        ),
+      }
+      print(
+        f"--- {rate}: sizes {[benchlib.fmt_bytes(s) for s in rsizes]}, about {est / 60:.1f} min"
+      )
       rows.extend(run_rate(net, rate, cfg, outdir))
   elapsed = time.time() - started
   agg = aggregate(rows, args.procs)
@@ -487,15 +586,23 @@ def main() -> int:
   print_tables(agg)
   lines = summary(agg)
   print("\n".join(lines))
-  result = dict(machine=benchlib.machine_info(), procs=args.procs, rates=args.rates,
-                repeats=args.repeats, warmup=args.warmup, seconds=elapsed,
-                tcp_slow_start_after_idle=0 if args.no_slow_start_after_idle else 1,
-                xla_flags=args.xla_flags,
-                unavailable=missing, summary=lines, results=agg,
-                pivot_markdown=pivot_markdown(agg),
-                command=" ".join(sys.argv))
+  result = dict(
+    machine=benchlib.machine_info(),
+    procs=args.procs,
+    rates=args.rates,
+    repeats=args.repeats,
+    warmup=args.warmup,
+    seconds=elapsed,
+    tcp_slow_start_after_idle=0 if args.no_slow_start_after_idle else 1,
+    xla_flags=args.xla_flags,
+    unavailable=missing,
+    summary=lines,
+    results=agg,
+    pivot_markdown=pivot_markdown(agg),
+    command=" ".join(sys.argv),
+  )
   benchlib.write_json(args.out, result)
-  if args.keep_raw:   # every host's own timings and counters
+  if args.keep_raw:  # every host's own timings and counters
     benchlib.write_json(os.path.splitext(args.out)[0] + ".raw.json", {"raw": rows})
   print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
   plot(agg, os.path.splitext(args.out)[0] + ".png")

@@ -50,9 +50,9 @@ def _ip(*args: str, netns: str | None = None, check: bool = True) -> str:
 def parse_rate(text: str) -> int:
   """'100mbit', '1gbit' -> bits per second."""
   t = text.lower().strip()
-  for suffix, mult in (("gbit", 10 ** 9), ("mbit", 10 ** 6), ("kbit", 10 ** 3), ("bit", 1)):
+  for suffix, mult in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3), ("bit", 1)):
     if t.endswith(suffix):
-      return int(float(t[:-len(suffix)]) * mult)
+      return int(float(t[: -len(suffix)]) * mult)
   return int(t)
 
 
@@ -64,8 +64,13 @@ def tbf_burst(rate_bps: int) -> int:
 class Network:
   """num_hosts namespaces on one shaped bridge; a context manager that cleans up."""
 
-  def __init__(self, num_hosts: int, rate: str | None, prefix: str | None = None,
-               slow_start_after_idle: bool = True):
+  def __init__(
+    self,
+    num_hosts: int,
+    rate: str | None,
+    prefix: str | None = None,
+    slow_start_after_idle: bool = True,
+  ):
     self.num_hosts = num_hosts
     # Linux restarts TCP slow start on a connection idle for one RTO; a ring
     # that computes between steps then pays slow start every step.  Clusters
@@ -115,8 +120,22 @@ class Network:
       ns, port = self.host_ns(i), self._port(i)
       _ip("ip", "netns", "add", ns)
       # Create the pair in the host namespace, then move the bridge end.
-      _ip("ip", "link", "add", "eth0", "mtu", str(MTU), "type", "veth", "peer", "name", port,
-          "mtu", str(MTU), netns=ns)
+      _ip(
+        "ip",
+        "link",
+        "add",
+        "eth0",
+        "mtu",
+        str(MTU),
+        "type",
+        "veth",
+        "peer",
+        "name",
+        port,
+        "mtu",
+        str(MTU),
+        netns=ns,
+      )
       _ip("ip", "link", "set", port, "netns", self.bridge_ns, netns=ns)
       _ip("ip", "link", "set", port, "master", "br0", "up", netns=self.bridge_ns)
       _ip("ip", "addr", "add", f"{self.host_ip(i)}/24", "dev", "eth0", netns=ns)
@@ -135,8 +154,22 @@ class Network:
       _ip("tc", "qdisc", "del", "dev", "eth0", "root", netns=ns, check=False)
       if rate:
         bps = parse_rate(rate)
-        _ip("tc", "qdisc", "add", "dev", "eth0", "root", "tbf", "rate", str(bps),
-            "burst", str(tbf_burst(bps)), "latency", "200ms", netns=ns)
+        _ip(
+          "tc",
+          "qdisc",
+          "add",
+          "dev",
+          "eth0",
+          "root",
+          "tbf",
+          "rate",
+          str(bps),
+          "burst",
+          str(tbf_burst(bps)),
+          "latency",
+          "200ms",
+          netns=ns,
+        )
 
   def qdisc(self, i: int) -> str:
     return _ip("tc", "-s", "qdisc", "show", "dev", "eth0", netns=self.host_ns(i)).strip()
@@ -163,8 +196,9 @@ class Network:
     self._old_handlers = {}
 
   # host processes
-  def start_on_host(self, i: int, argv: list[str], env: dict | None = None,
-                    stdout=None, stderr=None) -> subprocess.Popen:
+  def start_on_host(
+    self, i: int, argv: list[str], env: dict | None = None, stdout=None, stderr=None
+  ) -> subprocess.Popen:
     """Start argv inside host i's namespace, with hostname = its IP (for gloo)."""
     inner = f"hostname {self.host_ip(i)} && exec {shlex.join(argv)}"
     cmd = ["ip", "netns", "exec", self.host_ns(i), "unshare", "--uts", "sh", "-c", inner]
@@ -225,15 +259,18 @@ def smoke_test(rate: str = "100mbit", nbytes: int = 4 << 20) -> float:
   """Send nbytes from host 0 to host 1 through the shaped bridge; return bits/s."""
   with Network(2, rate) as net:
     sink = net.start_on_host(1, [sys.executable, "-c", _SINK], stdout=subprocess.PIPE)
-    src = net.start_on_host(0, [sys.executable, "-c", _SOURCE, net.host_ip(1), str(nbytes)],
-                            stdout=subprocess.PIPE)
+    src = net.start_on_host(
+      0, [sys.executable, "-c", _SOURCE, net.host_ip(1), str(nbytes)], stdout=subprocess.PIPE
+    )
     net.wait_all([src, sink], timeout=60)
     seconds = float(src.stdout.read())
     got = int(sink.stdout.read())
     sent = net.tx_bytes(0)
   bps = nbytes * 8 / seconds
-  print(f"{rate}: {got} bytes in {seconds:.3f} s = {bps / 1e6:.1f} Mbit/s of payload; "
-        f"eth0 tx_bytes {sent} ({sent / nbytes:.3f}x payload)")
+  print(
+    f"{rate}: {got} bytes in {seconds:.3f} s = {bps / 1e6:.1f} Mbit/s of payload; "
+    f"eth0 tx_bytes {sent} ({sent / nbytes:.3f}x payload)"
+  )
   return bps
 
 

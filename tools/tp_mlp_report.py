@@ -21,9 +21,9 @@ import sys
 import numpy as np
 
 SCHEMES = [
-    "--equarx_enable",                                                   # the default
-    "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none",     # EQuARX ring
-    "--equarx_enable --equarx_format=int4 --equarx_block_size=128",
+  "--equarx_enable",  # the default
+  "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none",  # EQuARX ring
+  "--equarx_enable --equarx_format=int4 --equarx_block_size=128",
 ]
 
 
@@ -37,6 +37,7 @@ def main(argv=None) -> int:
 
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax
+
   jax.config.update("jax_num_cpu_devices", 8)
   from jax.sharding import Mesh, PartitionSpec as P
 
@@ -63,14 +64,20 @@ def main(argv=None) -> int:
   partials = jax.jit(jax.shard_map(partial, out_specs=P("tp"), **specs))(x, w1, w2)
   exact = np.asarray(partials, np.float64).reshape(n, args.tokens, args.hidden).sum(0)
 
-  print(f"TP MLP on {n} CPU devices: x[{args.tokens},{args.hidden}] @ W1[{args.hidden},"
-        f"{args.ffn}] -> gelu -> @ W2[{args.ffn},{args.hidden}] -> psum; Gaussian inputs")
-  print(f"{'scheme':<60} {'sites':>7} {'rel. error':>11} {'identical':>9} "
-        f"{'wire bits/elem':>15} {'pass ms':>8}")
+  print(
+    f"TP MLP on {n} CPU devices: x[{args.tokens},{args.hidden}] @ W1[{args.hidden},"
+    f"{args.ffn}] -> gelu -> @ W2[{args.ffn},{args.hidden}] -> psum; Gaussian inputs"
+  )
+  print(
+    f"{'scheme':<60} {'sites':>7} {'rel. error':>11} {'identical':>9} "
+    f"{'wire bits/elem':>15} {'pass ms':>8}"
+  )
   native = np.asarray(jax.jit(program)(x, w1, w2), np.float64)
-  print(f"{'jax.jit (native psum, f32)':<60} {'-':>7} "
-        f"{np.linalg.norm(native - exact) / np.linalg.norm(exact):>11.2e} {'-':>9} "
-        f"{32:>15.2f} {'-':>8}")
+  print(
+    f"{'jax.jit (native psum, f32)':<60} {'-':>7} "
+    f"{np.linalg.norm(native - exact) / np.linalg.norm(exact):>11.2e} {'-':>9} "
+    f"{32:>15.2f} {'-':>8}"
+  )
   for flags in SCHEMES:
     fn = equarx_pass.jit(program, flags=flags)
     out = fn(x, w1, w2)
@@ -82,10 +89,14 @@ def main(argv=None) -> int:
     values = sum(int(np.prod(s)) for r in done for s in r.shapes)
     bits = 8 * sum(r.bytes_after for r in done) / (values * 2 * (n - 1) / n)
     module = jax.jit(program).lower(x, w1, w2).compiler_ir("stablehlo")
-    times = [equarx_pass.rewrite_module(module, fn.policy, "cpu").seconds for _ in range(args.repeat)]
+    times = [
+      equarx_pass.rewrite_module(module, fn.policy, "cpu").seconds for _ in range(args.repeat)
+    ]
     sites = f"{len(done)}/{len(records)}"
-    print(f"{fn.policy.scheme.describe():<60} {sites:>7} {err:>11.2e} "
-          f"{str(identical):>9} {bits:>15.2f} {statistics.median(times) * 1e3:>8.2f}")
+    print(
+      f"{fn.policy.scheme.describe():<60} {sites:>7} {err:>11.2e} "
+      f"{str(identical):>9} {bits:>15.2f} {statistics.median(times) * 1e3:>8.2f}"
+    )
   return 0
 
 

@@ -27,14 +27,19 @@ import dataclasses
 import numpy as np
 from jax.extend.mlir import ir
 
-COLLECTIVES = ("stablehlo.collective_permute", "stablehlo.all_gather", "stablehlo.all_to_all",
-               "stablehlo.reduce_scatter", "stablehlo.all_reduce")
+COLLECTIVES = (
+  "stablehlo.collective_permute",
+  "stablehlo.all_gather",
+  "stablehlo.all_to_all",
+  "stablehlo.reduce_scatter",
+  "stablehlo.all_reduce",
+)
 
 
 @dataclasses.dataclass
 class WireCount:
   bytes: float = 0.0
-  ops: list = dataclasses.field(default_factory=list)   # (op name, element type, bytes, runs)
+  ops: list = dataclasses.field(default_factory=list)  # (op name, element type, bytes, runs)
   unknown_trip_counts: int = 0
 
   def by_kind(self) -> dict:
@@ -126,11 +131,13 @@ def count_module(module: ir.Module, num_devices: int = 0) -> WireCount:
           if name in COLLECTIVES:
             n = _group_size(inner, num_devices)
             nbytes = sum(tensor_bytes(v) for v in inner.operands)
-            factor = {"stablehlo.collective_permute": 1.0,
-                      "stablehlo.all_gather": n - 1,
-                      "stablehlo.all_to_all": (n - 1) / n,
-                      "stablehlo.reduce_scatter": (n - 1) / n,
-                      "stablehlo.all_reduce": 2 * (n - 1) / n}[name]
+            factor = {
+              "stablehlo.collective_permute": 1.0,
+              "stablehlo.all_gather": n - 1,
+              "stablehlo.all_to_all": (n - 1) / n,
+              "stablehlo.reduce_scatter": (n - 1) / n,
+              "stablehlo.all_reduce": 2 * (n - 1) / n,
+            }[name]
             etype = str(ir.RankedTensorType(inner.operands[0].type).element_type)
             count.ops.append((name.split(".")[1], etype, nbytes * factor, runs))
             count.bytes += nbytes * factor * runs

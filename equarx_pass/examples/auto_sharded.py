@@ -37,6 +37,7 @@ def _normal(rng, shape, scale=1.0):
 
 # --- a tensor-parallel MLP ----------------------------------------------------------
 
+
 def mlp(x, w1, w2):
   """Column-parallel w1, row-parallel w2: the partitioner adds an all-reduce of the output."""
   return jax.nn.relu(x @ w1) @ w2
@@ -45,17 +46,21 @@ def mlp(x, w1, w2):
 def mlp_inputs(mesh, seed=0, tokens=64, x_spec=P()):
   """x (tokens x HIDDEN, replicated or batch-sharded), w1 on columns, w2 on rows."""
   rng = np.random.default_rng(seed)
-  return (_put(mesh, _normal(rng, (tokens, HIDDEN)), x_spec),
-          _put(mesh, _normal(rng, (HIDDEN, FFN), HIDDEN ** -0.5), COLUMNS),
-          _put(mesh, _normal(rng, (FFN, HIDDEN), FFN ** -0.5), ROWS))
+  return (
+    _put(mesh, _normal(rng, (tokens, HIDDEN)), x_spec),
+    _put(mesh, _normal(rng, (HIDDEN, FFN), HIDDEN**-0.5), COLUMNS),
+    _put(mesh, _normal(rng, (FFN, HIDDEN), FFN**-0.5), ROWS),
+  )
 
 
 def mlp_by_hand(mesh, x_spec=P()):
   """`mlp` as shard_map + psum (x gathered first when it comes batch-sharded)."""
+
   def body(x, w1, w2):
     if x_spec != P():
       x = jax.lax.all_gather(x, "tp", tiled=True)
     return jax.lax.psum(mlp(x, w1, w2), "tp")
+
   return jax.shard_map(body, mesh=mesh, in_specs=(x_spec, COLUMNS, ROWS), out_specs=P())
 
 
@@ -64,11 +69,14 @@ def mlp_partials(args) -> list[np.ndarray]:
   x, w1, w2 = (np.asarray(a, np.float64) for a in args)
   n = len(args[1].sharding.mesh.devices.flat)
   cols = w1.shape[1] // n
-  return [np.maximum(x @ w1[:, r * cols:(r + 1) * cols], 0) @ w2[r * cols:(r + 1) * cols]
-          for r in range(n)]
+  return [
+    np.maximum(x @ w1[:, r * cols : (r + 1) * cols], 0) @ w2[r * cols : (r + 1) * cols]
+    for r in range(n)
+  ]
 
 
 # --- a transformer block ------------------------------------------------------------
+
 
 def layer_norm(x):
   mean = jnp.mean(x, axis=-1, keepdims=True)
@@ -98,16 +106,25 @@ def block_inputs(mesh, seed=0, batch=2, seq=64):
   d = HIDDEN
   col = lambda shape: _put(mesh, _normal(rng, shape, shape[0] ** -0.5), COLUMNS)
   row = lambda shape: _put(mesh, _normal(rng, shape, shape[0] ** -0.5), ROWS)
-  return (_put(mesh, _normal(rng, (batch, seq, d)), P()), col((d, d)), col((d, d)),
-          col((d, d)), row((d, d)), col((d, FFN)), row((FFN, d)))
+  return (
+    _put(mesh, _normal(rng, (batch, seq, d)), P()),
+    col((d, d)),
+    col((d, d)),
+    col((d, d)),
+    row((d, d)),
+    col((d, FFN)),
+    row((FFN, d)),
+  )
 
 
 def block_by_hand(mesh):
   """`block` as shard_map with a psum after attention and after the MLP."""
+
   def body(x, wq, wk, wv, wo, w1, w2):
     heads = HEADS // mesh.size
     x = x + jax.lax.psum(attention(x, wq, wk, wv, wo, heads), "tp")
     return x + jax.lax.psum(mlp(layer_norm(x), w1, w2), "tp")
-  return jax.shard_map(body, mesh=mesh,
-                       in_specs=(P(), COLUMNS, COLUMNS, COLUMNS, ROWS, COLUMNS, ROWS),
-                       out_specs=P())
+
+  return jax.shard_map(
+    body, mesh=mesh, in_specs=(P(), COLUMNS, COLUMNS, COLUMNS, ROWS, COLUMNS, ROWS), out_specs=P()
+  )

