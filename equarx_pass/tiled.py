@@ -7,9 +7,10 @@ emitted in shapes an accelerator's compiler lays out without copies:
                        chunks of R blocks, each block S rows of W lanes (W = 128 when
                        the block is a multiple of 128: one TPU vreg row; else the block);
                        16-bit floats stay 16-bit until read
-  q, s                 codes int8 [.., R, S, W] and scales f32 [.., R]: two arrays, each on
-                       its own collective (no scale bytes packed into the codes, whose
-                       tiny minor dimension a TPU tiles 128 to 1)
+  q, s                 codes int8 [.., R, S, W] (int4: two per byte, [.., R, S/2, W]) and
+                       scales f32 [.., R]: two arrays, each on its own collective (no
+                       scale bytes packed into the codes, whose tiny minor dimension a
+                       TPU tiles 128 to 1)
   two-shot             all_to_all of every chunk; acc = dq(q_0) + ... + dq(q_N-1) in group
                        order, written out; quantized once; all_gather
   ring                 N-1 reduce-scatter steps written out (no loop that carries every
@@ -47,8 +48,7 @@ def unsupported(scheme: scheme_lib.Scheme) -> str | None:
     return f"the tiled form is two_shot's and ring's; {scheme.algorithm} is emitted flat"
   if scheme.microshards > 1:
     return "the tiled ring has one lane; microshards are emitted flat"
-  if scheme.fmt.bits != 8:
-    return f"the tiled form has 8-bit codes; {scheme.format} is emitted flat"
+
   if scheme.block_layout != "fixed":
     return "the tiled form has fixed blocks; the grid layout is emitted flat"
   return None
@@ -85,13 +85,13 @@ def emit_two_shot(
   """The tiled two-shot all-reduce of `plan` at the current insertion point; one value per
   operand, with the operand's type."""
   site = _Site(operands, plan, channels)
-  codes, scales = _quantize(site.em, site.em.convert(site.chunks, site.em.f32), site.fmt)
+  codes, scales = site.codec.quantize(site.em.convert(site.chunks, site.em.f32))
   codes, scales = site.coll.all_to_all(codes), site.coll.all_to_all(scales)  # j: from rank j
   acc = None
   for j in range(site.n):
-    term = _dequantize(site.em, _row(site.em, codes, j), _row(site.em, scales, j), site.fmt)
+    term = site.codec.dequantize(_row(site.em, codes, j), _row(site.em, scales, j))
     acc = term if acc is None else _add(term, acc)
-  codes, scales = _quantize(site.em, acc, site.fmt)
+  codes, scales = site.codec.quantize(acc)
   return site.finish(site.coll.all_gather(codes), site.coll.all_gather(scales))
 
 
@@ -110,28 +110,28 @@ def emit_ring(
     """This rank's chunk `index` (a traced i32 scalar), f32 [R, S, W]."""
     zero = em.i32_scalar(0)
     shape = _shape(site.chunks)
-    piece = em.dynamic_slice(site.chunks, [index, zero, zero, zero], (1, *shape[1:]))
+    piece = em.dynamic_slice(site.chunks, [index] + [zero] * (len(shape) - 1), (1, *shape[1:]))
     return em.convert(em.reshape(piece, shape[1:]), em.f32)
 
   partial = local(rank)
   for step in range(n - 1):
-    codes, scales = _quantize(em, partial, site.fmt)
+    codes, scales = site.codec.quantize(partial)
     codes, scales = site.coll.permute(codes, 1), site.coll.permute(scales, 1)
     index = em.mod(em.add_i32(rank, -step - 1), n)
-    partial = _add(_dequantize(em, codes, scales, site.fmt), local(index))
-  codes, scales = _quantize(em, partial, site.fmt)  # rank r owns chunk (r + 1) mod N
+    partial = _add(site.codec.dequantize(codes, scales), local(index))
+  codes, scales = site.codec.quantize(partial)  # rank r owns chunk (r + 1) mod N
   codes, scales = site.coll.all_gather(codes), site.coll.all_gather(scales)
   # Row block j came from rank j, which owns chunk (j + 1) mod N: chunk 0 is the last.
-  r = site.tile[0]
-  codes = em.concat(
-    [
-      em.slice(codes, (r * (n - 1), 0, 0), _shape(codes)),
-      em.slice(codes, (0, 0, 0), (r * (n - 1), *_shape(codes)[1:])),
-    ],
-    0,
-  )
-  scales = em.concat(
-    [em.slice(scales, (r * (n - 1),), _shape(scales)), em.slice(scales, (0,), (r * (n - 1),))], 0
+  first = site.tile[0] * (n - 1)  # rows from rank N-1: chunk 0
+  codes, scales = (
+    em.concat(
+      [
+        em.slice(v, (first,) + (0,) * (len(_shape(v)) - 1), _shape(v)),
+        em.slice(v, (0,) * len(_shape(v)), (first, *_shape(v)[1:])),
+      ],
+      0,
+    )
+    for v in (codes, scales)
   )
   return site.finish(codes, scales)
 
@@ -147,7 +147,11 @@ class _Site:
     self.fmt = scheme.fmt
     self.n, c, block = layout.group_size, layout.chunk, layout.block
     w = _lanes(block)
-    self.tile = (c // block, block // w, w)  # one chunk: R blocks of S x W
+    # One chunk: R blocks of S x W, or of W when S is 1 (a size-1 dimension above the
+    # lanes would make a TPU tile its rows one at a time).
+    rows = block // w
+    self.tile = (c // block, rows, w) if rows > 1 else (c // block, w)
+    self.codec = _Codec(em, self.fmt, len(self.tile) - 1, rows)
     self.types = [ir.RankedTensorType(v.type) for v in operands]
     self.sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in self.types]
     self.size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
@@ -171,10 +175,10 @@ class _Site:
     """All N chunks' codes [N R, S, W] and scales [N R], in chunk order -> the results."""
     em = self.em
     if self.size:
-      values = _rotate(em, _code_values(em, codes, self.fmt), self.size, exact=True, forward=False)
+      values = _rotate(em, self.codec.values(codes), self.size, exact=True, forward=False)
       values = hlo.MulOp(values, em.bcast(scales, _shape(values), [0])).result
     else:
-      values = _dequantize(em, codes, scales, self.fmt)
+      values = self.codec.dequantize(codes, scales)
     flat = em.reshape(values, (self.n * int(np.prod(self.tile)),))
     results, offset = [], 0
     for t, count in zip(self.types, self.sizes):
@@ -202,36 +206,71 @@ def _row(em: build.Emitter, x, j: int) -> ir.Value:
   return em.reshape(em.slice(x, start, (j + 1,) + shape[1:]), shape[1:])
 
 
-def _quantize(em: build.Emitter, x, fmt: qz.Format) -> tuple[ir.Value, ir.Value]:
-  """f32 [..., R, S, W] -> codes int8 [..., R, S, W] and scales f32 [..., R]: quantize.py's
-  ops and order, one scale per block of S x W values."""
-  shape = _shape(x)
-  lead = shape[:-2]
-  amax = build.reduce(
-    em.magnitude(x), em.splat(0, (), em.f32), em.f32, (len(shape) - 2, len(shape) - 1), hlo.MaxOp
-  )
-  scale = hlo.MulOp(amax, em.splat(qz.inverse(fmt.qmax), lead, em.f32)).result
-  positive = hlo.CompareOp(
-    scale, em.splat(0, lead, em.f32), hlo.ComparisonDirectionAttr.get("GT")
-  ).result
-  safe = hlo.SelectOp(positive, scale, em.splat(1, lead, em.f32)).result
-  reciprocal = hlo.MinOp(
-    hlo.DivOp(em.splat(1, lead, em.f32), safe).result, em.splat(qz.FLT_MAX, lead, em.f32)
-  ).result
-  return em.codes(x, reciprocal, fmt), scale
+class _Codec:
+  """quantize.py's block codec on tiles [..., R, S, W] (or [..., R, W]): one scale per block
+  of the last `block_dims` dimensions.
 
+  int4 codes travel two per byte: the two halves of each block share its bytes, halves of
+  its S rows when S is even, else of its W lanes.  Which values share a byte changes
+  nothing but the bytes: the dequantized values are the model's.
+  """
 
-def _code_values(em: build.Emitter, codes, fmt: qz.Format) -> ir.Value:
-  if fmt.fp8:
-    return em.convert(em.bitcast(codes, _shape(codes), build.fp8_type(fmt)), em.f32)
-  return em.convert(codes, em.f32)
+  def __init__(self, em: build.Emitter, fmt: qz.Format, block_dims: int, rows: int = 1):
+    self.em, self.fmt, self.block_dims = em, fmt, block_dims
+    self.pack_axis = None if fmt.bits == 8 else (-2 if block_dims == 2 and rows % 2 == 0 else -1)
 
+  def quantize(self, x) -> tuple[ir.Value, ir.Value]:
+    """f32 [..., R, S, W] -> codes (int8 bytes) and scales f32 [..., R], quantize.py's ops
+    in its order."""
+    em, fmt = self.em, self.fmt
+    shape = _shape(x)
+    lead = shape[: -self.block_dims]
+    axes = tuple(range(len(shape) - self.block_dims, len(shape)))
+    amax = build.reduce(em.magnitude(x), em.splat(0, (), em.f32), em.f32, axes, hlo.MaxOp)
+    scale = hlo.MulOp(amax, em.splat(qz.inverse(fmt.qmax), lead, em.f32)).result
+    positive = hlo.CompareOp(
+      scale, em.splat(0, lead, em.f32), hlo.ComparisonDirectionAttr.get("GT")
+    ).result
+    safe = hlo.SelectOp(positive, scale, em.splat(1, lead, em.f32)).result
+    reciprocal = hlo.MinOp(
+      hlo.DivOp(em.splat(1, lead, em.f32), safe).result, em.splat(qz.FLT_MAX, lead, em.f32)
+    ).result
+    codes = em.codes(x, reciprocal, fmt)
+    return (codes if self.pack_axis is None else self._pack(codes)), scale
 
-def _dequantize(em: build.Emitter, codes, scales, fmt: qz.Format) -> ir.Value:
-  """codes [..., R, S, W] times their block's scale [..., R]: f32."""
-  values = _code_values(em, codes, fmt)
-  lead = len(_shape(scales))
-  return hlo.MulOp(values, em.bcast(scales, _shape(values), list(range(lead)))).result
+  def values(self, codes) -> ir.Value:
+    """The codes' values, f32 [..., R, S, W]."""
+    em, fmt = self.em, self.fmt
+    if self.pack_axis is not None:
+      codes = self._unpack(codes)
+    if fmt.fp8:
+      return em.convert(em.bitcast(codes, _shape(codes), build.fp8_type(fmt)), em.f32)
+    return em.convert(codes, em.f32)
+
+  def dequantize(self, codes, scales) -> ir.Value:
+    """codes times their block's scale [..., R]: f32 [..., R, S, W]."""
+    values = self.values(codes)
+    lead = len(_shape(scales))
+    return hlo.MulOp(values, self.em.bcast(scales, _shape(values), list(range(lead)))).result
+
+  def _pack(self, codes) -> ir.Value:
+    """int4 codes in [-7, 7]: the first half along the pack axis in the low nibbles, the
+    second in the high ones."""
+    shape = _shape(codes)
+    axis = len(shape) + self.pack_axis
+    half = shape[axis] // 2
+    low_end = list(shape)
+    low_end[axis] = half
+    high_start = [0] * len(shape)
+    high_start[axis] = half
+    low = self.em.slice(codes, [0] * len(shape), low_end)
+    high = self.em.slice(codes, high_start, shape)
+    return self.em.or_nibbles(low, high)
+
+  def _unpack(self, packed) -> ir.Value:
+    """Each nibble sign-extended, the halves back in place."""
+    axis = len(_shape(packed)) + self.pack_axis
+    return self.em.concat(self.em.nibbles(packed), axis)
 
 
 def _rotate(em: build.Emitter, x, size: int, exact: bool, forward: bool) -> ir.Value:

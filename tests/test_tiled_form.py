@@ -30,11 +30,16 @@ EXACT = [
   "--equarx_rotation=none --equarx_format=fp8_e4m3",
   "--equarx_algorithm=ring --equarx_rotation=none",
   "--equarx_algorithm=ring --equarx_rotation=none --equarx_block_size=128",
+  # int4: the halves of each block's rows (S even) or lanes (S = 1) share the bytes.
+  "--equarx_algorithm=ring --equarx_rotation=none --equarx_format=int4",
+  "--equarx_algorithm=ring --equarx_rotation=none --equarx_format=int4 --equarx_block_size=128",
+  "--equarx_rotation=none --equarx_format=int4 --equarx_block_size=256",
 ]
 ROTATED = [
   "",
   "--equarx_block_size=128 --equarx_rotation_size=128",
   "--equarx_algorithm=ring --equarx_rotation=hadamard",
+  "--equarx_algorithm=ring --equarx_format=int4 --equarx_block_size=128 --equarx_rotation=hadamard",
 ]
 
 
@@ -91,7 +96,7 @@ def test_tiled_form_has_no_loop_and_no_packed_scales(inputs):
   [
     ("--equarx_algorithm=bidirectional", "bidirectional is emitted flat"),
     ("--equarx_algorithm=ring --equarx_microshards=2", "microshards are emitted flat"),
-    ("--equarx_format=int4 --equarx_block_size=128", "int4 is emitted flat"),
+    ("--equarx_block_layout=grid", "the grid layout is emitted flat"),
   ],
 )
 def test_schemes_without_a_tiled_form_say_so(flags, why, inputs):
