@@ -21,7 +21,8 @@ below which the rewrite pays according to these estimates:
   break-even GB/s = (native ring bytes - quantized bytes) / (extra optimal_seconds)
 where the native ring sends the data's own type (bf16 or f32)
 and, per rewritten program, its most expensive instructions by estimated cycles, so a
-regression names its cause.
+regression names its cause, and its async collectives (start ... done in the compiled
+schedule) with how many have work scheduled while they are in flight.
 The paper (EQuARX, arXiv 2506.17615) measured 1.8x over the bf16 all-reduce on
 real TPUs; nothing here measures a TPU.
 
@@ -78,6 +79,43 @@ def estimated_cycles(hlo_text: str) -> float:
     return cycles
 
   return total("ENTRY")
+
+
+# Instructions that do no work of their own between an async collective's start and done.
+_NO_WORK = ("get-tuple-element", "tuple", "bitcast", "parameter", "constant", "-start", "-done")
+
+
+def overlap(hlo_text: str) -> dict:
+  """For every async collective (`X-start` ... `X-done`) of the entry computation, in the
+  compiled schedule's order: how many instructions that do work (fusions, dots, copies)
+  the schedule puts between its start and its done, i.e. what can run while the transfer
+  is in flight."""
+  entry, inside = [], False
+  for line in hlo_text.splitlines():
+    if line.startswith("ENTRY "):
+      inside = True
+      continue
+    if inside and line.startswith("}"):
+      break
+    if inside and " = " in line:
+      name, rest = line.strip().removeprefix("ROOT ").split(" = ", 1)
+      op = re.search(r"\s([\w-]+)\(", rest)
+      entry.append((name, op.group(1) if op else "", rest))
+  pairs = []
+  for i, (name, op, _) in enumerate(entry):
+    if not op.endswith("-start") or op == "copy-start":
+      continue
+    for j in range(i + 1, len(entry)):
+      operands = entry[j][2].split("(", 1)[1][:200] if "(" in entry[j][2] else ""
+      if entry[j][1].endswith("-done") and f"{name})" in operands:
+        work = sum(1 for _, o, _ in entry[i + 1 : j] if o and not o.endswith(_NO_WORK))
+        pairs.append((op.removesuffix("-start"), work))
+        break
+  return {
+    "async_collectives": len(pairs),
+    "with_work_between": sum(1 for _, w in pairs if w),
+    "work_between": [w for _, w in pairs],
+  }
 
 
 def top_instructions(hlo_text: str, count: int = 8) -> list[tuple[float, str, str]]:
@@ -193,6 +231,7 @@ def main() -> int:
             bytes_accessed=tc.cost.get("bytes accessed"),
             est_cycles=estimated_cycles(tc.hlo_text),
             top_instructions=top_instructions(tc.hlo_text),
+            overlap=overlap(tc.hlo_text),
           )
           rows.append(row)
           print(
@@ -202,6 +241,12 @@ def main() -> int:
             flush=True,
           )
           if scheme and size == max(map(benchlib.parse_size, args.sizes)):
+            lap = row["overlap"]
+            print(
+              f"      async collectives {lap['async_collectives']}, with work scheduled "
+              f"between start and done: {lap['with_work_between']}",
+              flush=True,
+            )
             for cycles, name, shape in row["top_instructions"][:4]:
               print(f"      {cycles:>9.0f} cycles  {name}  {shape}", flush=True)
 
