@@ -73,6 +73,8 @@ def scheme_label(flags: str) -> str:
     parts.append(f"unroll>={p.unroll_min_bytes}")
   if get("outline", "auto") != "auto":
     parts.append(f"outline={p.outline}")
+  if get("platform", "auto") != "auto":
+    parts.append(f"{p.platform} form")
   return " ".join(parts)
 
 
