@@ -10,8 +10,10 @@ OUTPUT: StableHLO text that parses and verifies; `-` or no -o for stdout.
 The pass is on by default here (rewriting is this command's only job);
 --noequarx_enable only converts and reports.  $EQUARX_FLAGS applies first, then
 the command line.  Exit status: 0 done, 2 bad input, flags or output (nothing
-written, input untouched).  All the work is in transform.py; this is a thin main.
+written, input untouched).
 """
+
+# All the work is in transform.py; this is a thin main.
 
 from __future__ import annotations
 
@@ -105,8 +107,29 @@ def _read(path: str) -> bytes:
     raise ParseError(f"cannot read input: {e.strerror}", path) from None
 
 
+def usage() -> str:
+  """What --help prints: the command, then every flag of this command."""
+  lines = [__doc__.strip(), "", "flags:"]
+  lines.append("  -o, --output FILE      output file; '-' or unset: stdout")
+  lines.append("  --report               print the site table (stderr when the output is stdout)")
+  for flag in policy_lib.FLAGS.values():
+    if flag.name == "equarx_partitioned":
+      continue  # equarx_pass.jit only: a file is already one program
+    text = flag.help
+    if flag.name == "equarx_enable":
+      text = "rewrite matching all-reduces (on here; --noequarx_enable converts and reports only)"
+    value = "" if flag.parse is policy_lib._parse_bool else "=VALUE"
+    lines.append(f"  --{flag.name}{value}")
+    lines.append(f"      {text}")
+  return "\n".join(lines) + "\n"
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
-  """absl flag parsing, but a bad flag exits 2 like every other bad input."""
+  """absl flag parsing, but a bad flag exits 2 like every other bad input, and -h/--help
+  print this command's own help (absl's lists only its logging flags)."""
+  if any(a in ("-h", "--help", "-help", "--helpshort", "--helpfull") for a in argv[1:]):
+    sys.stdout.write(usage())
+    sys.exit(0)
   try:
     return FLAGS(argv)
   except flags.Error as e:

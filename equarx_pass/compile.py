@@ -52,12 +52,20 @@ class TopologyCompile:
   quantized_collectives: int  # permutes, all-to-alls and all-gathers that move s8 data
   cost: dict  # the TPU compiler's cost_analysis(), as given
   hlo_text: str = dataclasses.field(repr=False, default="")
+  all_reduce_shapes: tuple = ()  # the result shape of each all-reduce left
 
   def summary(self) -> str:
+    left = f"{self.all_reduces} all-reduce{'' if self.all_reduces == 1 else 's'} left"
+    if self.all_reduce_shapes:
+      left += f" ({', '.join(self.all_reduce_shapes)})"
+      # The tiled forms' all-gather of the f32 scales, which the TPU compiler implements
+      # as an all-reduce of a zero-padded buffer when it is small.
+      if all(shape.startswith("f32[") for shape in self.all_reduce_shapes):
+        left += "; the TPU compiler makes small all-gathers (the f32 scales') all-reduces"
     return (
       f"compiled for {self.target} in {self.seconds:.2f} s: {self.num_devices} devices, "
       f"{self.quantized_collectives} s8 collectives ({self.quantized_permutes} of "
-      f"{self.permutes} collective-permutes), {self.all_reduces} all-reduces left"
+      f"{self.permutes} collective-permutes), {left}"
     )
 
 
@@ -102,6 +110,7 @@ def compile_for_target(
 def _count_ops(hlo_text: str) -> dict:
   """Collective instructions of an HLO module text, by what they move."""
   permutes = quantized = all_reduces = quantized_collectives = 0
+  shapes = []
   for line in hlo_text.splitlines():
     _, eq, rhs = line.partition(" = ")
     if not eq:
@@ -115,11 +124,13 @@ def _count_ops(hlo_text: str) -> dict:
       quantized_collectives += moves_s8
     elif " all-reduce(" in rhs or " all-reduce-start(" in rhs:
       all_reduces += 1
+      shapes.append(rhs.split("{", 1)[0].split(" ", 1)[0])
   return {
     "permutes": permutes,
     "quantized_permutes": quantized,
     "all_reduces": all_reduces,
     "quantized_collectives": quantized_collectives,
+    "all_reduce_shapes": shapes,
   }
 
 

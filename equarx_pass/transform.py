@@ -41,7 +41,19 @@ def transform_text(data: bytes | str, policy: Policy, path: str = "<input>") -> 
   except (RewriteError, VerifyError, CompileError) as e:
     # Name the input, as parse errors do: the CLI prints only the message.
     raise type(e)(f"{path}: {e}") from e
-  return TransformResult(text, result.records, parsed.kind, result.seconds, tpu)
+  return TransformResult(
+    text, _name_the_file(result.records, path), parsed.kind, result.seconds, tpu
+  )
+
+
+def _name_the_file(records: list[SiteRecord], path: str) -> list[SiteRecord]:
+  """Locations in the input text itself read "-:LINE" (MLIR's name for a parsed string):
+  give them the input's file name."""
+  name = os.path.basename(path)
+  return [
+    dataclasses.replace(r, location=name + r.location[1:]) if r.location.startswith("-:") else r
+    for r in records
+  ]
 
 
 def transform_file(input_path: str, output_path: str, policy: Policy) -> TransformResult:

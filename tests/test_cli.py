@@ -170,8 +170,9 @@ def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   assert "compiled for tpu:v4:2x2x1" in proc.stdout
   # The tiled form (what --equarx_compile_for=tpu:... emits): int8 codes on an all-to-all
   # and an all-gather; the TPU compiler turns the all-gather of the tiny f32 scales
-  # (4 per rank here) into an all-reduce, the only one left.
-  assert "2 s8 collectives" in proc.stdout and "1 all-reduces left" in proc.stdout
+  # (2 per rank here) into an all-reduce, the only one left.
+  assert "2 s8 collectives" in proc.stdout and "1 all-reduce left (f32[16])" in proc.stdout
+  assert "the TPU compiler makes small all-gathers (the f32 scales') all-reduces" in proc.stdout
   flat = equarx_opt(
     mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1", "--equarx_platform=cpu"
   )
@@ -200,3 +201,13 @@ def test_decorator_compile_for_tpu_topology():
   assert tpu is not None and tpu.target == "tpu:v4:2x2x1" and tpu.num_devices == 8
   assert tpu.quantized_collectives >= 2 and tpu.all_reduces == 0
   assert "compiled for tpu:v4:2x2x1" in str(f.report)
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_help_lists_this_commands_flags(flag):
+  proc = equarx_opt(flag)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.startswith("equarx-opt: rewrite the all-reduces")
+  assert "--equarx_identity" in proc.stdout and "--report" in proc.stdout
+  assert "on here; --noequarx_enable" in proc.stdout
+  assert "--equarx_partitioned" not in proc.stdout
