@@ -151,6 +151,12 @@ def main() -> int:
   ap.add_argument("--topology", nargs="+", default=["v5e:2x2", "v4:2x2x1"])
   ap.add_argument("--sizes", nargs="+", default=["1M", "32M"])
   ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
+  ap.add_argument(
+    "--platform",
+    default="tpu",
+    choices=["tpu", "cpu"],
+    help="whose forms the pass emits: tpu (tiled, what a TPU gets) or cpu (flat, for comparison)",
+  )
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "tpu.json"))
   args = ap.parse_args()
 
@@ -207,7 +213,7 @@ def main() -> int:
           )
           if scheme:
             policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0")
-            result = equarx_pass.rewrite_module(module, policy, "tpu")
+            result = equarx_pass.rewrite_module(module, policy.replace(platform=args.platform))
             mod = result.module
             row["form"] = result.records[0].reason
           else:
