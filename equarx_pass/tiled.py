@@ -90,7 +90,7 @@ def emit_two_shot(
   acc = None
   for j in range(site.n):
     term = site.codec.dequantize(_row(site.em, codes, j), _row(site.em, scales, j))
-    acc = term if acc is None else _add(term, acc)
+    acc = _plus_zero(site.em, term) if acc is None else _add(term, acc)
   codes, scales = site.codec.quantize(acc)
   return site.finish(site.coll.all_gather(codes), site.coll.all_gather(scales))
 
@@ -186,6 +186,14 @@ class _Site:
       results.append(em.convert(em.reshape(piece, t.shape), t.element_type))
       offset += count
     return results
+
+
+def _plus_zero(em: build.Emitter, x) -> ir.Value:
+  """x + 0, as the model's sum starts (-0 becomes +0; fp8 codes have a signed zero).
+  Written as a select: XLA simplifies an add of 0 away."""
+  zero = em.splat(0, _shape(x), em.f32)
+  is_zero = hlo.CompareOp(x, zero, hlo.ComparisonDirectionAttr.get("EQ")).result
+  return hlo.SelectOp(is_zero, zero, x).result
 
 
 def _add(term, acc) -> ir.Value:

@@ -50,6 +50,12 @@ SCHEMES = {
   "fp8e4m3-ring-grid": "--equarx_format=fp8_e4m3 --equarx_algorithm=ring --equarx_block_layout=grid "
   "--equarx_rotation=none",
   "fp8e5m2-two-shot": "--equarx_format=fp8_e5m2 --equarx_algorithm=two_shot --equarx_rotation=none",
+  # The tiled forms (what TPUs and GPUs get), on the CPU devices: without a rotation they
+  # have the model's bits too.
+  "tiled-int8-ring": "--equarx_platform=tpu --equarx_algorithm=ring --equarx_rotation=none",
+  "tiled-int4-two-shot": "--equarx_platform=tpu --equarx_format=int4 --equarx_block_size=256 "
+  "--equarx_rotation=none",
+  "tiled-fp8e4m3-two-shot": "--equarx_platform=tpu --equarx_format=fp8_e4m3 --equarx_rotation=none",
 }
 DEVICES = jax.devices()
 
@@ -295,6 +301,39 @@ def test_zero_blocks_and_non_finite_values(dtype, scheme_name):
   assert np.all(region(r, 0) == 0) and np.all(region(r, 2) == 0) and np.all(region(r, 3) == 0)
   assert not np.isfinite(r[:, ~np.isfinite(exact)]).any()
   for k in (4, 6, 7):
+    assert np.isfinite(region(r, k)).all()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_tiled_rotation_keeps_non_finite_values_non_finite(dtype):
+  """The tiled default (its rotation a matmul, not bit for bit the model's butterflies):
+  the same rank-identity and never-finite-and-wrong checks, NaN and Inf stay non-finite,
+  zero blocks stay zero."""
+
+  def fill(k, rng):
+    v = rng.standard_normal((8, REGION))
+    if k == 0:
+      return np.zeros((8, REGION))
+    if k == 1:
+      v[2, 10] = np.nan
+      v[5, 500] = np.inf
+      v[0, 900], v[7, 900] = np.inf, -np.inf
+      return v
+    if k == 4:
+      return v * 1e30
+    return v
+
+  x = regions(DTYPES[dtype], fill)
+  got, scheme = run("8", ("a",), "--equarx_platform=tpu", x)
+  with np.errstate(invalid="ignore"):
+    exact = np.sum(x.astype(np.float64), axis=0)
+  r = got.astype(np.float64)
+  for rank in range(1, 8):
+    assert_same_bits(got[rank], got[0], f"rank {rank}")
+  assert np.all(region(r, 0) == 0)
+  assert not np.isfinite(r[:, ~np.isfinite(exact)]).any()
+  assert count_finite_wrong(got[0], list(x), scheme) == 0
+  for k in (2, 3, 4, 5, 6, 7):
     assert np.isfinite(region(r, k)).all()
 
 
