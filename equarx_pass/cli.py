@@ -31,7 +31,7 @@ flags.DEFINE_string("output", None, "output file; '-' or unset: stdout", short_n
 flags.DEFINE_boolean("report", False, "print the site table (stderr when the output is stdout)")
 # Every --equarx_* flag comes from the one table in policy.py.
 for _flag in policy_lib.FLAGS.values():
-  if _flag.parse is policy_lib._parse_bool:
+  if _flag.is_bool:
     flags.DEFINE_boolean(_flag.name, None, _flag.help)
   else:
     flags.DEFINE_string(_flag.name, None, _flag.help)
@@ -118,7 +118,7 @@ def usage() -> str:
     text = flag.help
     if flag.name == "equarx_enable":
       text = "rewrite matching all-reduces (on here; --noequarx_enable converts and reports only)"
-    value = "" if flag.parse is policy_lib._parse_bool else "=VALUE"
+    value = "" if flag.is_bool else "=VALUE"
     lines.append(f"  --{flag.name}{value}")
     lines.append(f"      {text}")
   return "\n".join(lines) + "\n"

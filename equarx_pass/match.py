@@ -252,7 +252,7 @@ class Site:
 
   @property
   def nbytes(self) -> int:
-    return sum(o.size * DTYPE_BYTES.get(o.dtype, _bytes_of(o.dtype)) for o in self.operands)
+    return sum(o.size * DTYPE_BYTES.get(o.dtype, bytes_of(o.dtype)) for o in self.operands)
 
   @property
   def group_size(self) -> int:
@@ -276,7 +276,8 @@ class Skip:
 Decision = Union[Candidate, Skip]
 
 
-def _bytes_of(dtype: str) -> int:
+def bytes_of(dtype: str) -> int:
+  """Bytes per element of an MLIR element type spelling (bf16: 2, f32: 4, i8: 1, ...)."""
   digits = "".join(ch for ch in dtype if ch.isdigit())
   return max(1, int(digits) // 8) if digits else 4
 

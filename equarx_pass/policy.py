@@ -222,6 +222,11 @@ class Flag:
   parse: Callable[[str, str | None], Any]
   help: str
 
+  @property
+  def is_bool(self) -> bool:
+    """A switch (--name / --noname) rather than --name=VALUE."""
+    return self.parse is _parse_bool
+
   def format(self, value) -> str:
     if isinstance(value, bool):
       return f"--{self.name}" if value else f"--no{self.name}"

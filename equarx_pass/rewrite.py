@@ -62,7 +62,7 @@ def _ring_bytes_before(site: match.Site) -> int:
   total = 0
   for o in site.operands:
     per_chunk = -(-o.size // n)
-    total += 2 * (n - 1) * per_chunk * DTYPE_BYTES.get(o.dtype, match._bytes_of(o.dtype))
+    total += 2 * (n - 1) * per_chunk * DTYPE_BYTES.get(o.dtype, match.bytes_of(o.dtype))
   return total
 
 
