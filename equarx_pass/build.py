@@ -522,20 +522,19 @@ class Collectives:
       [x], 0, 0, n, self.em.groups_attr(self.plan.schedule.groups), **self._channel()
     ).results[0]
 
-  def all_gather(self, x) -> ir.Value:
-    """x's copies from every rank of the group, concatenated along dimension 0."""
+  def all_gather(self, x, first: int = 0) -> ir.Value:
+    """x's copies from every rank of the group, concatenated along dimension 0, starting
+    with the rank at position `first` of the group (then first + 1, ...): an all-gather
+    concatenates in the order its replica groups list the devices."""
     rows, *rest = _shape(x)
     n = self.plan.layout.group_size
     kwargs = self._channel()
     if self.partition:
       kwargs["use_global_device_ids"] = True
     element_type = ir.RankedTensorType(x.type).element_type
+    groups = [tuple(g[first:]) + tuple(g[:first]) for g in self.plan.schedule.groups]
     return hlo.AllGatherOp(
-      [tensor((n * rows, *rest), element_type)],
-      [x],
-      0,
-      self.em.groups_attr(self.plan.schedule.groups),
-      **kwargs,
+      [tensor((n * rows, *rest), element_type)], [x], 0, self.em.groups_attr(groups), **kwargs
     ).results[0]
 
 

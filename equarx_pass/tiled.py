@@ -15,7 +15,8 @@ emitted in shapes an accelerator's compiler lays out without copies:
                        order, written out; quantized once; all_gather
   ring                 N-1 reduce-scatter steps written out (no loop that carries every
                        chunk): quantize, permute, dq + this rank's chunk; quantized once;
-                       all_gather (the bytes the ring's all-gather steps forward)
+                       all_gather over the group listed from its last rank, so the chunks
+                       arrive in order (the bytes the ring's all-gather steps forward)
   out                  dq of the gathered codes, every rank the same bytes; the operands'
                        shapes and types
 
@@ -120,18 +121,11 @@ def emit_ring(
     index = em.mod(em.add_i32(rank, -step - 1), n)
     partial = _add(site.codec.dequantize(codes, scales), local(index))
   codes, scales = site.codec.quantize(partial)  # rank r owns chunk (r + 1) mod N
-  codes, scales = site.coll.all_gather(codes), site.coll.all_gather(scales)
-  # Row block j came from rank j, which owns chunk (j + 1) mod N: chunk 0 is the last.
-  first = site.tile[0] * (n - 1)  # rows from rank N-1: chunk 0
+  # Gathered from rank N-1 (which owns chunk 0) on, the chunks arrive in their order: the
+  # group listed from its last rank, no reordering afterwards.
   codes, scales = (
-    em.concat(
-      [
-        em.slice(v, (first,) + (0,) * (len(_shape(v)) - 1), _shape(v)),
-        em.slice(v, (0,) * len(_shape(v)), (first, *_shape(v)[1:])),
-      ],
-      0,
-    )
-    for v in (codes, scales)
+    site.coll.all_gather(codes, first=n - 1),
+    site.coll.all_gather(scales, first=n - 1),
   )
   return site.finish(codes, scales)
 
