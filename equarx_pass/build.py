@@ -71,7 +71,8 @@ def tensor(shape, element_type) -> ir.RankedTensorType:
   return ir.RankedTensorType.get(list(shape), element_type)
 
 
-def _shape(x) -> tuple[int, ...]:
+def shape_of(x) -> tuple[int, ...]:
+  """The static shape of a ranked tensor value."""
   return tuple(ir.RankedTensorType(x.type).shape)
 
 
@@ -109,23 +110,46 @@ class Emitter:
 
   # shape ops
   def reshape(self, x, shape) -> ir.Value:
-    if _shape(x) == tuple(shape):
+    if shape_of(x) == tuple(shape):
       return x
     return hlo.ReshapeOp(tensor(shape, ir.RankedTensorType(x.type).element_type), x).result
 
   def convert(self, x, element_type) -> ir.Value:
     if ir.RankedTensorType(x.type).element_type == element_type:
       return x
-    return hlo.ConvertOp(tensor(_shape(x), element_type), x).result
+    return hlo.ConvertOp(tensor(shape_of(x), element_type), x).result
 
   def widen(self, x, narrow) -> ir.Value:
     """f32 of x; x holds the bits of `narrow` (a 16-bit float type) as i16, or is f32."""
     if narrow is None:
       return x
-    return self.convert(self.bitcast(x, _shape(x), narrow), self.f32)
+    return self.convert(self.bitcast(x, shape_of(x), narrow), self.f32)
 
   def bitcast(self, x, shape, element_type) -> ir.Value:
     return hlo.BitcastConvertOp(tensor(shape, element_type), x).result
+
+  def flat_padded(self, operands, element_type, padded: int) -> ir.Value:
+    """The operands converted to `element_type` and flattened, one after another, then
+    zero-padded to `padded` values: what every algorithm lays out as chunks."""
+    sizes = [int(np.prod(shape_of(v), dtype=np.int64)) for v in operands]
+    x = self.concat(
+      [self.reshape(self.convert(v, element_type), (size,)) for v, size in zip(operands, sizes)], 0
+    )
+    if padded > sum(sizes):
+      x = hlo.PadOp(x, self.splat(0, (), element_type), [0], [padded - sum(sizes)], [0]).result
+    return x
+
+  def unflatten_like(self, values, types) -> list[ir.Value]:
+    """flat_padded undone: `values` (any shape, flat in order) cut into one value per
+    type of `types`, in its shape and element type."""
+    flat = self.reshape(values, (int(np.prod(shape_of(values), dtype=np.int64)),))
+    results, offset = [], 0
+    for t in types:
+      size = int(np.prod(t.shape, dtype=np.int64))
+      piece = self.slice(flat, (offset,), (offset + size,))
+      results.append(self.convert(self.reshape(piece, t.shape), t.element_type))
+      offset += size
+    return results
 
   def slice(self, x, start, limit) -> ir.Value:
     return hlo.SliceOp(x, list(start), list(limit), [1] * len(start)).result
@@ -163,7 +187,9 @@ class Emitter:
     """|x| of an f32 tensor, with NaN counted as +inf (quantize.py): a max kernel
     may drop NaN, never an inf."""
     is_nan = hlo.CompareOp(x, x, hlo.ComparisonDirectionAttr.get("NE")).result
-    return hlo.SelectOp(is_nan, self.splat(np.inf, _shape(x), self.f32), hlo.AbsOp(x).result).result
+    return hlo.SelectOp(
+      is_nan, self.splat(np.inf, shape_of(x), self.f32), hlo.AbsOp(x).result
+    ).result
 
   def quantize_rows(self, x, block: int, fmt: qz.Format) -> ir.Value:
     """f32 [rows, s] -> int8 payload [rows, code bytes + 4 * blocks]: codes, then scale bytes."""
@@ -174,7 +200,7 @@ class Emitter:
   # the row's halves, whose codes share bytes (quantize.nibble_group); else one, x itself.
   def block_parts(self, x, block: int, fmt: qz.Format) -> list[ir.Value]:
     """f32 [rows, s] -> its parts, sliced."""
-    rows, s = _shape(x)
+    rows, s = shape_of(x)
     count = _part_count(s, block, fmt)
     w = s // count
     return (
@@ -192,10 +218,10 @@ class Emitter:
 
   def quantize_parts(self, parts: list[ir.Value], block: int, fmt: qz.Format) -> ir.Value:
     """block_parts (f32) -> int8 payload [rows, code bytes + 4 * blocks]."""
-    rows, s = _shape(parts[0])[0], sum(_shape(part)[1] for part in parts)
+    rows, s = shape_of(parts[0])[0], sum(shape_of(part)[1] for part in parts)
     codes, scales = [], []
     for part in parts:
-      m = rows * _shape(part)[1] // block
+      m = rows * shape_of(part)[1] // block
       blocks = self.reshape(part, (m, block))
       # Qp1: block metadata.
       amax = reduce(self.magnitude(blocks), self.splat(0, (), self.f32), self.f32, 1, hlo.MaxOp)
@@ -215,7 +241,8 @@ class Emitter:
     def scale_bytes():
       return [
         self.reshape(
-          self.bitcast(scale, (_shape(scale)[0], 4), self.i8), (rows, _shape(scale)[0] // rows * 4)
+          self.bitcast(scale, (shape_of(scale)[0], 4), self.i8),
+          (rows, shape_of(scale)[0] // rows * 4),
         )
         for scale in scales
       ]
@@ -233,22 +260,22 @@ class Emitter:
     # was no faster in rows (the differences measured were within noise), so it keeps
     # the flat form.  The bytes are the same.
     pieces = [self.or_nibbles(*[self.reshape(c, (rows, s // 2)) for c in codes])] + scale_bytes()
-    w = math.gcd(block, *[_shape(piece)[1] for piece in pieces])
+    w = math.gcd(block, *[shape_of(piece)[1] for piece in pieces])
     payload = self.concat(
-      [self.reshape(piece, (rows, _shape(piece)[1] // w, w)) for piece in pieces], 1
+      [self.reshape(piece, (rows, shape_of(piece)[1] // w, w)) for piece in pieces], 1
     )
-    return self.reshape(payload, (rows, sum(_shape(piece)[1] for piece in pieces)))
+    return self.reshape(payload, (rows, sum(shape_of(piece)[1] for piece in pieces)))
 
   def codes(self, x, reciprocal, fmt: qz.Format) -> ir.Value:
     """f32 [m, ...] times its block's reciprocal scale (reciprocal [m, ...] over x's
     leading dimensions), clamped and cast: int8 codes of x's shape."""
-    lead = len(_shape(reciprocal))
-    scaled = hlo.MulOp(x, self.bcast(reciprocal, _shape(x), list(range(lead)))).result
+    lead = len(shape_of(reciprocal))
+    scaled = hlo.MulOp(x, self.bcast(reciprocal, shape_of(x), list(range(lead)))).result
     clamped = hlo.ClampOp(
       self.splat(-fmt.qmax, (), self.f32), scaled, self.splat(fmt.qmax, (), self.f32)
     ).result
     if fmt.fp8:
-      return self.bitcast(self.convert(clamped, fp8_type(fmt)), _shape(x), self.i8)
+      return self.bitcast(self.convert(clamped, fp8_type(fmt)), shape_of(x), self.i8)
     return self.convert(hlo.RoundNearestEvenOp(clamped).result, self.i8)
 
   def dequantize_rows(
@@ -263,7 +290,7 @@ class Emitter:
     """int8 payload [rows, P] -> f32 [rows, s]; with a rotation size, also the
     inverse rotation, as rotation.dequantize_rotated does it (on the codes).
     requantized: the values feed a sum that is quantized again (unpack_int4's form)."""
-    rows = _shape(payload)[0]
+    rows = shape_of(payload)[0]
     nb = s // block
     codes, scale = self._payload_fields(payload, s, block, fmt)
     if fmt.fp8:
@@ -284,7 +311,7 @@ class Emitter:
 
   def _payload_fields(self, payload, s: int, block: int, fmt: qz.Format):
     """int8 payload [rows, P] of rows of s values -> (code bytes [rows, B], f32 scales [rows * nb])."""
-    rows, p = _shape(payload)
+    rows, p = shape_of(payload)
     nb = s // block
     code_bytes = fmt.code_bytes(s)
     codes = self.slice(payload, (0, 0), (rows, code_bytes))
@@ -296,7 +323,7 @@ class Emitter:
   ) -> list[ir.Value]:
     """A ring step's sum, Dq(payload) + local, as block_parts (XLA:CPU fuses each part's
     sum into one FMA).  The int4 halves are unpacked apart: no concatenate."""
-    rows, s = _shape(local[0])[0], sum(_shape(part)[1] for part in local)
+    rows, s = shape_of(local[0])[0], sum(shape_of(part)[1] for part in local)
     if len(local) == 1:
       return [
         hlo.AddOp(self.dequantize_rows(payload, s, block, fmt, requantized=True), local[0]).result
@@ -320,7 +347,7 @@ class Emitter:
   def pack_int4(self, q, group: int) -> ir.Value:
     """int8 [rows, s] in [-8, 7] -> [rows, s/2]: quantize.pack_int4 (value j of each
     group of `group` in the low nibble, value j + group/2 in the high one)."""
-    rows, s = _shape(q)
+    rows, s = shape_of(q)
     groups, half = rows * s // group, group // 2
     q = self.reshape(q, (groups, group))
     packed = self.or_nibbles(
@@ -330,7 +357,7 @@ class Emitter:
 
   def nibbles(self, b) -> list[ir.Value]:
     """int8 bytes -> [low nibbles, high nibbles], each sign-extended: (b << 4) >>a 4, b >>a 4."""
-    four = self.splat(4, _shape(b), self.i8)
+    four = self.splat(4, shape_of(b), self.i8)
     return [
       hlo.ShiftRightArithmeticOp(hlo.ShiftLeftOp(b, four).result, four).result,
       hlo.ShiftRightArithmeticOp(b, four).result,
@@ -338,7 +365,7 @@ class Emitter:
 
   def or_nibbles(self, low, high) -> ir.Value:
     """Two int8 code tensors in [-8, 7] -> one: low & 0xF | high << 4."""
-    shape = _shape(low)
+    shape = shape_of(low)
     return hlo.OrOp(
       hlo.AndOp(low, self.splat(0xF, shape, self.i8)).result,
       hlo.ShiftLeftOp(high, self.splat(4, shape, self.i8)).result,
@@ -358,7 +385,7 @@ class Emitter:
     - by_broadcast, every byte broadcast to [2, group/2] and shifted by 4 or 0, where
       one fusion writes the result: no concatenate's per-element select there.
     """
-    rows, half_row = _shape(packed)
+    rows, half_row = shape_of(packed)
     groups, half = rows * half_row * 2 // group, group // 2
     b = self.reshape(packed, (groups, half))
     if by_broadcast:
@@ -383,7 +410,7 @@ class Emitter:
     pass whatever the rotation size (unrolled, 5 + 5 passes of H_1024 were half of a
     site's compile time).
     """
-    (m,) = _shape(x)
+    (m,) = shape_of(x)
     blocks, k = m // size, size.bit_length() - 1
 
     def one_pass(y, radix):
@@ -420,7 +447,7 @@ class Emitter:
 
   def times_per_position(self, x, factors: np.ndarray) -> ir.Value:
     """A flat f32 vector times `factors` (f32 [size]) repeated along it."""
-    (m,) = _shape(x)
+    (m,) = shape_of(x)
     size = factors.shape[0]
     rows = self.reshape(x, (m // size, size))
     product = hlo.MulOp(
@@ -443,7 +470,7 @@ def fp8_type(fmt: qz.Format) -> ir.Type:
 def reduce(x, init, element_type, axes: int | tuple[int, ...], combine) -> ir.Value:
   """combine (hlo.MaxOp, hlo.AddOp, ...) over one axis (or several) of a tensor."""
   axes = (axes,) if isinstance(axes, int) else tuple(axes)
-  shape = [d for i, d in enumerate(_shape(x)) if i not in axes]
+  shape = [d for i, d in enumerate(shape_of(x)) if i not in axes]
   op = hlo.ReduceOp([tensor(shape, element_type)], [x], [init], list(axes))
   scalar = tensor((), element_type)
   block = op.body.blocks.append(scalar, scalar)
@@ -459,7 +486,7 @@ def emit_feature_stats(value: ir.Value) -> list[ir.Value]:
   as an infinite range.  calibrate (observe.py) records these.
   """
   em = Emitter()
-  rows, features = outlier.rows_and_features(_shape(value))
+  rows, features = outlier.rows_and_features(shape_of(value))
   x = em.reshape(em.convert(value, em.f32), (rows, features))
   zero = em.splat(0, (), em.f32)
   absmax = reduce(em.magnitude(x), zero, em.f32, 0, hlo.MaxOp)
@@ -526,7 +553,7 @@ class Collectives:
     """x's copies from every rank of the group, concatenated along dimension 0, starting
     with the rank at position `first` of the group (then first + 1, ...): an all-gather
     concatenates in the order its replica groups list the devices."""
-    rows, *rest = _shape(x)
+    rows, *rest = shape_of(x)
     n = self.plan.layout.group_size
     kwargs = self._channel()
     if self.partition:
@@ -563,15 +590,9 @@ def emit_allreduce(
 
   # Flatten the operands, lay them out as N chunks, rotate.
   types = [ir.RankedTensorType(v.type) for v in operands]
-  sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in types]
   rotating = scheme.rotation != rotation.NONE
   narrow = narrow_float(types) if not rotating else None
-  x = em.concat(
-    [em.reshape(em.convert(v, narrow or em.f32), (size,)) for v, size in zip(operands, sizes)], 0
-  )
-  pad = layout.padded - layout.num_values
-  if pad:
-    x = hlo.PadOp(x, em.splat(0, (), narrow or em.f32), [0], [pad], [0]).result
+  x = em.flat_padded(operands, narrow or em.f32, layout.padded)
   if rotating:
     x = em.hadamard(x, scheme.resolved_rotation_size)
   chunks = em.reshape(x, (n, c))
@@ -602,13 +623,7 @@ def emit_allreduce(
     )
 
   # values: f32 [N, C], the same bits on every rank of the group.
-  flat = em.reshape(values, (n * c,))
-  results, offset = [], 0
-  for t, size in zip(types, sizes):
-    piece = em.slice(flat, (offset,), (offset + size,))
-    results.append(em.convert(em.reshape(piece, t.shape), t.element_type))
-    offset += size
-  return results
+  return em.unflatten_like(values, types)
 
 
 def emit_ring_step(payload: ir.Value, local: ir.Value, block: int, fmt: qz.Format) -> ir.Value:
@@ -680,7 +695,7 @@ def _emit_ring(em, coll, chunks, widen, rank, layout, scheme, rotation_size, unr
   owns = [em.quantize_parts(list(carry[i * m : (i + 1) * m]), block, fmt) for i in range(k)]
   # The gather buffer starts as N copies of this rank's own chunk: its own row is then in
   # place, and the all-gather overwrites every other one.
-  gathered = [em.bcast(own, (n, _shape(own)[1]), [0, 1]) for own in owns]
+  gathered = [em.bcast(own, (n, shape_of(own)[1]), [0, 1]) for own in owns]
 
   def ag_step(step, *carry):
     currents, outs = list(carry[:k]), list(carry[k : 2 * k])
@@ -711,7 +726,7 @@ def _emit_two_shot(em, coll, chunks, layout, fmt, rotation_size) -> ir.Value:
   received = coll.all_to_all(em.quantize_rows(chunks, block, fmt))  # row j: from rank j
 
   def sum_step(j, acc, received_):
-    row = em.dynamic_rows(received_, j, 0, 1, _shape(received_)[1])
+    row = em.dynamic_rows(received_, j, 0, 1, shape_of(received_)[1])
     return [
       hlo.AddOp(acc, em.dequantize_rows(row, c, block, fmt, requantized=True)).result,
       received_,
@@ -753,7 +768,7 @@ class CalibratedPlan:
 
 def _take_columns(em: Emitter, x, columns) -> ir.Value:
   """x[:, columns] of a 2-D tensor, `columns` a static index list (one gather)."""
-  rows, _ = _shape(x)
+  rows, _ = shape_of(x)
   indices = em.const(np.asarray(columns, np.int32).reshape(-1, 1), em.i32)
   dims = hlo.GatherDimensionNumbers.get(
     offset_dims=[0],
@@ -770,7 +785,7 @@ def _take_columns(em: Emitter, x, columns) -> ir.Value:
 
 def _static_quantize(em: Emitter, x, reciprocal) -> ir.Value:
   """outlier.quantize_static: f32 [rows, F] and reciprocals [rows, F] -> int8 codes."""
-  shape = _shape(x)
+  shape = shape_of(x)
   clamped = hlo.ClampOp(
     em.splat(-outlier.QMAX, (), em.f32),
     hlo.MulOp(x, reciprocal).result,
@@ -784,7 +799,7 @@ def _static_quantize(em: Emitter, x, reciprocal) -> ir.Value:
 
 def _code_values(em: Emitter, codes) -> ir.Value:
   """outlier.code_values: int8 codes -> f32, NaN for the non-finite marker."""
-  shape = _shape(codes)
+  shape = shape_of(codes)
   marker = hlo.CompareOp(
     codes, em.splat(outlier.NONFINITE_CODE, shape, em.i8), hlo.ComparisonDirectionAttr.get("EQ")
   ).result
@@ -793,7 +808,7 @@ def _code_values(em: Emitter, codes) -> ir.Value:
 
 def _bf16_bytes(em: Emitter, x, rows: int) -> ir.Value:
   """f32 [r, k] -> bf16 (round to nearest even) -> its bytes, int8 [rows, r * k * 2 / rows]."""
-  r, k = _shape(x)
+  r, k = shape_of(x)
   bf16 = em.convert(x, ir.BF16Type.get())
   return em.reshape(em.bitcast(bf16, (r, k, 2), em.i8), (rows, r * k * 2 // rows))
 

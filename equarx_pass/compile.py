@@ -107,7 +107,7 @@ def compile_for_target(
   return TopologyCompile(**data)
 
 
-def _count_ops(hlo_text: str) -> dict:
+def count_collectives(hlo_text: str) -> dict:
   """Collective instructions of an HLO module text, by what they move."""
   permutes = quantized = all_reduces = quantized_collectives = 0
   shapes = []
@@ -176,7 +176,7 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
     num_devices=len(devices),
     cost=cost,
     hlo_text=hlo_text,
-    **_count_ops(hlo_text),
+    **count_collectives(hlo_text),
   )
 
 

@@ -90,7 +90,7 @@ def find_function(module: ir.Module, name: str) -> ir.Operation | None:
   """The top-level func.func @name of `module`, or None."""
   for op in module.body.operations:
     op = op.operation
-    if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+    if op.name == "func.func" and _name(op) == name:
       return op
   return None
 
@@ -155,7 +155,7 @@ def called_functions(module: ir.Module) -> list[ir.Operation]:
   for op in module.body.operations:
     op = op.operation
     if op.name == "func.func":
-      functions[ir.StringAttr(op.attributes["sym_name"]).value] = op
+      functions[_name(op)] = op
   seen = set()
   stack = [
     name
@@ -202,7 +202,7 @@ def enclosing_function(op: ir.Operation) -> str | None:
   parent = op.parent
   while parent is not None and parent.name != "func.func":
     parent = parent.parent
-  return ir.StringAttr(parent.attributes["sym_name"]).value if parent is not None else None
+  return _name(parent) if parent is not None else None
 
 
 def async_pair(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None | str:

@@ -194,32 +194,21 @@ def _parse_mlir(source, path: str, context: ir.Context) -> ir.Module:
     # Bytecode errors come at "-":0:0, which is no position.
     line, col = (int(m.group(1)), int(m.group(2))) if m and m.group(1) != "0" else (None, None)
     raise ParseError(f"MLIR parse error: {diag.message}", path, line, col) from None
-  _check_is_stablehlo(module, path, len(source))
-  return _mhlo_collectives_to_stablehlo(module, context)
+  op_names = _check_is_stablehlo(module, path, len(source))
+  if "mhlo.all_reduce" in op_names:
+    return _mhlo_collectives_to_stablehlo(module, context)
+  return module
 
 
 def _mhlo_collectives_to_stablehlo(module: ir.Module, context: ir.Context) -> ir.Module:
   """A module with an mhlo.all_reduce, converted to StableHLO (MHLO's own legalization),
-  so that its all-reduces are sites like any other.  Modules without one are left as
-  they are.  Should the conversion fail, the mhlo.all_reduce stays and the match
-  reports it as a skipped site, with the reason."""
-  if not any(op.name == "mhlo.all_reduce" for op in _walk(module.operation)):
-    return module
+  so that its all-reduces are sites like any other.  Should the conversion fail, the
+  mhlo.all_reduce stays and the match reports it as a skipped site, with the reason."""
   try:
     converted = _jax_private.mhlo_to_stablehlo(module)
     return ir.Module.parse(converted, context=context)
   except Exception:  # jaxlib raises its own runtime errors: keep the module as it is
     return module
-
-
-def _walk(op: ir.Operation):
-  stack = [op]
-  while stack:
-    for region in stack.pop().regions:
-      for block in region.blocks:
-        for child in block.operations:
-          yield child.operation
-          stack.append(child.operation)
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -341,7 +330,8 @@ def _hlo_header_fields(text: str) -> dict[str, str]:
   return fields
 
 
-def _check_is_stablehlo(module: ir.Module, path: str, source_size: int) -> None:
+def _check_is_stablehlo(module: ir.Module, path: str, source_size: int) -> set[str]:
+  """Check the module; return the names of every op in it (nested ones too)."""
   names = {op.operation.name for op in module.body.operations}
   if "func.func" not in names:
     found = ", ".join(sorted(names)) or "nothing"
@@ -357,9 +347,11 @@ def _check_is_stablehlo(module: ir.Module, path: str, source_size: int) -> None:
     raise ParseError(
       f"module attributes expand to more than {MAX_EXPANSION}x the input's size", path
     )
+  op_names = set()
   stack = [(op.operation, 1) for op in module.body.operations]
   while stack:
     op, depth = stack.pop()
+    op_names.add(op.name)
     dialect = op.name.partition(".")[0]
     if dialect not in DIALECTS:
       raise ParseError(
@@ -384,6 +376,7 @@ def _check_is_stablehlo(module: ir.Module, path: str, source_size: int) -> None:
         path,
         *_text_position(op),
       )
+  return op_names
 
 
 def _parts(node) -> list:

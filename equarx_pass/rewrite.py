@@ -77,7 +77,7 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     verdict, reason = "rewritten", policy.scheme.describe() + _padding_note(after, before)
     if flat_why is None:
       reason += "; tiled form"
-    elif flat_why != "cpu" and not (policy.calibration or policy.identity):
+    elif flat_why != "cpu" and not policy.calibration:
       reason += f"; {flat_why}"
   if isinstance(decision, match.Candidate):
     reason += _promotion_note(decision.op)

@@ -37,6 +37,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass import build, rotation
+from equarx_pass.build import shape_of
 from equarx_pass import quantize as qz
 from equarx_pass import scheme as scheme_lib
 
@@ -49,7 +50,6 @@ def unsupported(scheme: scheme_lib.Scheme) -> str | None:
     return f"the tiled form is two_shot's and ring's; {scheme.algorithm} is emitted flat"
   if scheme.microshards > 1:
     return "the tiled ring has one lane; microshards are emitted flat"
-
   if scheme.block_layout != "fixed":
     return "the tiled form has fixed blocks; the grid layout is emitted flat"
   return None
@@ -110,7 +110,7 @@ def emit_ring(
   def local(index):
     """This rank's chunk `index` (a traced i32 scalar), f32 [R, S, W]."""
     zero = em.i32_scalar(0)
-    shape = _shape(site.chunks)
+    shape = shape_of(site.chunks)
     piece = em.dynamic_slice(site.chunks, [index] + [zero] * (len(shape) - 1), (1, *shape[1:]))
     return em.convert(em.reshape(piece, shape[1:]), em.f32)
 
@@ -147,18 +147,11 @@ class _Site:
     self.tile = (c // block, rows, w) if rows > 1 else (c // block, w)
     self.codec = _Codec(em, self.fmt, len(self.tile) - 1, rows)
     self.types = [ir.RankedTensorType(v.type) for v in operands]
-    self.sizes = [int(np.prod(t.shape, dtype=np.int64)) for t in self.types]
     self.size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
     # 16-bit floats stay 16-bit until a step reads them (exact), and enter the rotation's
     # matmul as they are: their products with +-1 are exact and the sums f32.
     entry = build.narrow_float(self.types) or em.f32
-    x = em.concat(
-      [em.reshape(em.convert(v, entry), (count,)) for v, count in zip(operands, self.sizes)], 0
-    )
-    pad = layout.padded - layout.num_values
-    if pad:
-      x = hlo.PadOp(x, em.splat(0, (), entry), [0], [pad], [0]).result
-    x = em.reshape(x, (self.n, *self.tile))
+    x = em.reshape(em.flat_padded(operands, entry, layout.padded), (self.n, *self.tile))
     if self.size:
       # (H / size) x in one matmul: the power-of-two scale is exact in the matrix and in
       # the products (the same value as scaling first, unless a sum overflows).
@@ -170,22 +163,16 @@ class _Site:
     em = self.em
     if self.size:
       values = _rotate(em, self.codec.values(codes), self.size, exact=True, forward=False)
-      values = hlo.MulOp(values, em.bcast(scales, _shape(values), [0])).result
+      values = hlo.MulOp(values, em.bcast(scales, shape_of(values), [0])).result
     else:
       values = self.codec.dequantize(codes, scales)
-    flat = em.reshape(values, (self.n * int(np.prod(self.tile)),))
-    results, offset = [], 0
-    for t, count in zip(self.types, self.sizes):
-      piece = em.slice(flat, (offset,), (offset + count,))
-      results.append(em.convert(em.reshape(piece, t.shape), t.element_type))
-      offset += count
-    return results
+    return em.unflatten_like(values, self.types)
 
 
 def _plus_zero(em: build.Emitter, x) -> ir.Value:
   """x + 0, as the model's sum starts (-0 becomes +0; fp8 codes have a signed zero).
   Written as a select: XLA simplifies an add of 0 away."""
-  zero = em.splat(0, _shape(x), em.f32)
+  zero = em.splat(0, shape_of(x), em.f32)
   is_zero = hlo.CompareOp(x, zero, hlo.ComparisonDirectionAttr.get("EQ")).result
   return hlo.SelectOp(is_zero, zero, x).result
 
@@ -197,13 +184,9 @@ def _add(term, acc) -> ir.Value:
   return hlo.AddOp(term, acc).result
 
 
-def _shape(x) -> tuple[int, ...]:
-  return tuple(ir.RankedTensorType(x.type).shape)
-
-
 def _row(em: build.Emitter, x, j: int) -> ir.Value:
   """x[j] of an array with a leading dimension, that dimension dropped."""
-  shape = _shape(x)
+  shape = shape_of(x)
   start = (j,) + (0,) * (len(shape) - 1)
   return em.reshape(em.slice(x, start, (j + 1,) + shape[1:]), shape[1:])
 
@@ -225,7 +208,7 @@ class _Codec:
     """f32 [..., R, S, W] -> codes (int8 bytes) and scales f32 [..., R], quantize.py's ops
     in its order."""
     em, fmt = self.em, self.fmt
-    shape = _shape(x)
+    shape = shape_of(x)
     lead = shape[: -self.block_dims]
     axes = tuple(range(len(shape) - self.block_dims, len(shape)))
     amax = build.reduce(em.magnitude(x), em.splat(0, (), em.f32), em.f32, axes, hlo.MaxOp)
@@ -246,19 +229,19 @@ class _Codec:
     if self.pack_axis is not None:
       codes = self._unpack(codes)
     if fmt.fp8:
-      return em.convert(em.bitcast(codes, _shape(codes), build.fp8_type(fmt)), em.f32)
+      return em.convert(em.bitcast(codes, shape_of(codes), build.fp8_type(fmt)), em.f32)
     return em.convert(codes, em.f32)
 
   def dequantize(self, codes, scales) -> ir.Value:
     """codes times their block's scale [..., R]: f32 [..., R, S, W]."""
     values = self.values(codes)
-    lead = len(_shape(scales))
-    return hlo.MulOp(values, self.em.bcast(scales, _shape(values), list(range(lead)))).result
+    lead = len(shape_of(scales))
+    return hlo.MulOp(values, self.em.bcast(scales, shape_of(values), list(range(lead)))).result
 
   def _pack(self, codes) -> ir.Value:
     """int4 codes in [-7, 7]: the first half along the pack axis in the low nibbles, the
     second in the high ones."""
-    shape = _shape(codes)
+    shape = shape_of(codes)
     axis = len(shape) + self.pack_axis
     half = shape[axis] // 2
     low_end = list(shape)
@@ -271,7 +254,7 @@ class _Codec:
 
   def _unpack(self, packed) -> ir.Value:
     """Each nibble sign-extended, the halves back in place."""
-    axis = len(_shape(packed)) + self.pack_axis
+    axis = len(shape_of(packed)) + self.pack_axis
     return self.em.concat(self.em.nibbles(packed), axis)
 
 
@@ -281,13 +264,13 @@ def _rotate(em: build.Emitter, x, size: int, exact: bool, forward: bool) -> ir.V
   over [count, size] with an f32 result.  exact: x holds code values (small integers),
   whose products and sums f32 holds exactly, so any precision gives the same bits; so
   do 16-bit floats (x's type).  Else (f32) HIGHEST, so no backend rounds x first."""
-  shape = _shape(x)
+  shape = shape_of(x)
   # Over the tiles' last dimension when the rotation is as wide (no reshape, so no
   # relayout on a TPU); else over [count, size].
   flat = (
     x if shape[-1] == size else em.reshape(x, (int(np.prod(shape, dtype=np.int64)) // size, size))
   )
-  rank = len(_shape(flat))
+  rank = len(shape_of(flat))
   element_type = ir.RankedTensorType(x.type).element_type
   # x @ M for a row x: forward M = D H / size ((H / size) D x as rotation.hadamard has it),
   # inverse M = H D (D H q).  Both exact in f32 and bf16: entries +-1 or +-2^-k.
@@ -304,6 +287,6 @@ def _rotate(em: build.Emitter, x, size: int, exact: bool, forward: bool) -> ir.V
   precision = "DEFAULT" if exact or element_type != em.f32 else "HIGHEST"
   config = ir.ArrayAttr.get([hlo.PrecisionAttr.get(precision)] * 2)
   out = hlo.DotGeneralOp(
-    build.tensor(_shape(flat), em.f32), flat, h, dims, precision_config=config
+    build.tensor(shape_of(flat), em.f32), flat, h, dims, precision_config=config
   ).result
   return em.reshape(out, shape)  # f32
