@@ -165,10 +165,7 @@ def main() -> int:
   os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   chips = {topology: topology_devices(topology) for topology in args.topology}
   import jax
-  import jax.numpy as jnp
   import numpy as np
-  from jax.sharding import Mesh
-  from jax.sharding import PartitionSpec as P
 
   import equarx_pass
   import wire_bytes
@@ -183,20 +180,16 @@ def main() -> int:
   ]
   ok, missing = benchlib.split_schemes(schemes)
   print(
-    f"{sum(len(args.sizes) * len(args.dtypes) * (1 + len(ok)) for _ in chips)} "
-    "ahead-of-time compiles",
+    f"{len(chips) * len(args.sizes) * len(args.dtypes) * (1 + len(ok))} ahead-of-time compiles",
     flush=True,
   )
   rows = []
   for topology, n in chips.items():
     target = f"tpu:{topology}"
-    mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
     # A flat array per chip, as a psum of activations or gradients is.
-    f = jax.jit(
-      jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
-    )
+    f = benchlib.psum_program(n)
     for dtype_name in args.dtypes:
-      dtype = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dtype_name]
+      dtype = benchlib.jnp_dtype(dtype_name)
       for size_text in args.sizes:
         size = benchlib.parse_size(size_text)
         values = size // np.dtype(dtype).itemsize

@@ -40,10 +40,7 @@ def main() -> int:
   import jax
 
   jax.config.update("jax_num_cpu_devices", max(args.groups))
-  import jax.numpy as jnp
   import numpy as np
-  from jax.sharding import Mesh
-  from jax.sharding import PartitionSpec as P
 
   import equarx_pass
   import wire_bytes
@@ -51,12 +48,9 @@ def main() -> int:
   schemes = args.scheme or list(benchlib.DEFAULT_SCHEMES)
   rows = []
   for n in args.groups:
-    mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
-    f = jax.jit(
-      jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
-    )
+    f = benchlib.psum_program(n)
     for dtype_name in args.dtypes:
-      dtype = {"bf16": jnp.bfloat16, "f32": jnp.float32}[dtype_name]
+      dtype = benchlib.jnp_dtype(dtype_name)
       for size_text in args.sizes:
         size = benchlib.parse_size(size_text)
         values = size // np.dtype(dtype).itemsize

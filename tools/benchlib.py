@@ -101,6 +101,27 @@ def split_schemes(schemes) -> tuple[list[str], dict[str, str]]:
   return ok, missing
 
 
+def jnp_dtype(name: str):
+  """'bf16' or 'f32' (the tools' --dtypes) -> the JAX dtype."""
+  import jax.numpy as jnp
+
+  return {"bf16": jnp.bfloat16, "f32": jnp.float32}[name]
+
+
+def psum_program(n: int):
+  """jax.jit of a shard_map psum over axis "x" of the first `n` devices: the one
+  all-reduce the benchmark tools rewrite."""
+  import jax
+  import numpy as np
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+  return jax.jit(
+    jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+  )
+
+
 def parse_size(text: str) -> int:
   """'64K', '8M', '4096' -> bytes (powers of 1024)."""
   m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.I)

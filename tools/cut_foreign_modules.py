@@ -264,20 +264,31 @@ def _has_channel(text: str, kind: str) -> bool:
   return "channel_handle" in text
 
 
+def _counts(replicas, partitions, source: str) -> dict | None:
+  """{replicas, partitions, source} from two regex matches (a missing one: 1), or None
+  when neither matched."""
+  if not (replicas or partitions):
+    return None
+  return {
+    "replicas": int(replicas.group(1)) if replicas else 1,
+    "partitions": int(partitions.group(1)) if partitions else 1,
+    "source": source,
+  }
+
+
 def devices_for(
   text: str, kind: str, harness: str = "", run_parallel: tuple[int, int] | None = None
 ) -> dict:
   """{replicas, partitions, source} for a module (see the module docstring)."""
   if kind == "hlo":
     header = text.lstrip().splitlines()[0] if text.strip() else ""
-    r = re.search(r"\breplica_count=(\d+)", header)
-    p = re.search(r"\bnum_partitions=(\d+)", header)
-    if r or p:
-      return {
-        "replicas": int(r.group(1)) if r else 1,
-        "partitions": int(p.group(1)) if p else 1,
-        "source": "header",
-      }
+    counts = _counts(
+      re.search(r"\breplica_count=(\d+)", header),
+      re.search(r"\bnum_partitions=(\d+)", header),
+      "header",
+    )
+    if counts:
+      return counts
     found = {}
     for key, patterns in _HINTS.items():
       for pattern in patterns:
@@ -293,14 +304,13 @@ def devices_for(
       }
   else:
     code = strip_mlir_comments(text)
-    r = re.search(r"mhlo\.num_replicas\s*=\s*(\d+)", code)
-    p = re.search(r"mhlo\.num_partitions\s*=\s*(\d+)", code)
-    if r or p:
-      return {
-        "replicas": int(r.group(1)) if r else 1,
-        "partitions": int(p.group(1)) if p else 1,
-        "source": "module attributes",
-      }
+    counts = _counts(
+      re.search(r"mhlo\.num_replicas\s*=\s*(\d+)", code),
+      re.search(r"mhlo\.num_partitions\s*=\s*(\d+)", code),
+      "module attributes",
+    )
+    if counts:
+      return counts
     if run_parallel:
       return {
         "replicas": run_parallel[0],
