@@ -484,7 +484,7 @@ def schemes_from(scheme_args: list[str], direct_flags: list[str]) -> list[str]:
 def parse_args(argv: list[str]):
   parser = argparse.ArgumentParser(
     prog="python -m equarx_pass.examples.minilm",
-    description="Embed sentences with all-MiniLM-L6-v2 run 4-way tensor parallel, with and "
+    description="Embed sentences with all-MiniLM-L6-v2, 4-way tensor parallel, with and "
     "without equarx-pass, and compare. Any --equarx_* flag (see the README) "
     "makes a scheme.",
   )
