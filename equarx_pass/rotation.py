@@ -18,6 +18,8 @@ The emitted ops follow exactly this order, so model and program agree bit for bi
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 NONE = "none"
@@ -35,6 +37,7 @@ def norm(size: int) -> np.float32:
   return np.float32(1.0 / size)
 
 
+@functools.cache
 def signs(size: int) -> np.ndarray:
   """The fixed pseudo-random +-1 diagonal D (f32 [size]) applied before H: x -> H D x.
 
@@ -48,6 +51,8 @@ def signs(size: int) -> np.ndarray:
   for i in range(size):
     state = (state * 1103515245 + 12345) & 0x7FFFFFFF
     out[i] = 1.0 if state >> 30 else -1.0
+  # Cached (every rotated site asks for it twice): read-only, so no caller can change it.
+  out.flags.writeable = False
   return out
 
 
