@@ -65,6 +65,9 @@ class RingPlan:
   num_devices: int
   scheme: scheme_lib.Scheme = scheme_lib.Scheme()
   unrolled: bool = False  # ring schemes: reduce-scatter steps written out, not looped
+  # The tiled form's forward rotation as a matmul (TPU, GPU) rather than the model's
+  # butterflies (CPU: the same bits as the model, at the same speed there).
+  matmul_rotation: bool = True
 
 
 def tensor(shape, element_type) -> ir.RankedTensorType:

@@ -28,10 +28,21 @@ PARTITIONED_MODES = ("auto", "on", "off")
 # (rewrite.py): on, off, or (auto) only for a program compiled for XLA:CPU, the
 # backend where it was measured (BUILD_NOTES, "Compile-time decisions").
 OUTLINE_MODES = ("auto", "on", "off")
-# The platform whose emitted forms the pass writes (tiled.py for "tpu" and "gpu", the
-# flat form of build.py for "cpu"): auto = where equarx_pass.jit compiles the program;
-# for equarx-opt, tpu with --equarx_compile_for=tpu:..., else cpu.
+# The platform whose defaults apply (for_target): auto = where equarx_pass.jit compiles
+# the program; for equarx-opt, tpu with --equarx_compile_for=tpu:..., else cpu.
 PLATFORMS = ("auto", "cpu", "tpu", "gpu")
+# The emitted form: tiled (tiled.py) or flat (build.py); auto = tiled wherever the
+# scheme has a tiled form (it measured faster on XLA:CPU too; BUILD_NOTES, "Emitted forms").
+FORMS = ("auto", "tiled", "flat")
+# Values per scale when --equarx_block_size is not given: with a rotation, in the tiled
+# form on CPU, 128 (one scale per rotated row: as cheap there as 1024, and the most
+# accurate int8 scheme), else 1024 (on a TPU, by its compiler's estimates, blocks of 128
+# cost 11x the native all-reduce against 7x).
+BLOCK_DEFAULT = 1024
+BLOCK_DEFAULT_TILED_CPU = 128
+# The tiled form's rotation when --equarx_rotation_size is not given: one 128-lane row,
+# a matmul per tile (H_1024 costs 8x the multiplies).
+ROTATION_SIZE_TILED = 128
 # Bytes per element of each selectable element type (MLIR spelling).
 DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
@@ -44,7 +55,7 @@ class Policy:
   min_bytes: int = 65536  # skip all-reduces smaller than this (total operand bytes)
   max_bytes: int = 0  # skip larger ones; 0 = no upper bound
   dtypes: tuple[str, ...] = DTYPES
-  block_size: int = 1024  # values per f32 scale
+  block_size: int = 0  # values per f32 scale; 0: the platform's default (for_target)
   format: str = "int8"
   # Default: the scheme that meets the accuracy targets (README, "Schemes"):
   # two quantizations per value instead of N, and outliers spread by the rotation.
@@ -69,7 +80,8 @@ class Policy:
   # the partitioned program rebuilt around it) but stays the native all-reduce, so the
   # result must equal plain jax.jit's bit for bit.
   identity: bool = False
-  platform: str = "auto"  # whose emitted forms: auto|cpu|tpu|gpu (PLATFORMS)
+  platform: str = "auto"  # whose defaults: auto|cpu|tpu|gpu (PLATFORMS)
+  form: str = "auto"  # the emitted form: auto|tiled|flat (FORMS)
 
   def __post_init__(self):
     if self.min_bytes < 0:
@@ -78,8 +90,10 @@ class Policy:
       raise FlagError(f"--equarx_unroll_min_bytes must be >= 0, got {self.unroll_min_bytes}")
     if self.max_bytes < 0:
       raise FlagError(f"--equarx_max_bytes must be >= 0 (0 = no bound), got {self.max_bytes}")
-    if not 1 <= self.block_size <= 1 << 20:
-      raise FlagError(f"--equarx_block_size must be in [1, 1048576], got {self.block_size}")
+    if not 0 <= self.block_size <= 1 << 20:
+      raise FlagError(
+        f"--equarx_block_size must be in [1, 1048576] (0: the default), got {self.block_size}"
+      )
     bad = [d for d in self.dtypes if d not in DTYPES]
     if bad or not self.dtypes:
       raise FlagError(
@@ -93,13 +107,16 @@ class Policy:
       ("partitioned", self.partitioned, PARTITIONED_MODES),
       ("outline", self.outline, OUTLINE_MODES),
       ("platform", self.platform, PLATFORMS),
+      ("form", self.form, FORMS),
     ):
       if value not in choices:
         raise FlagError(f"--equarx_{flag} must be one of {','.join(choices)}, got {value!r}")
     try:
-      self.scheme
+      scheme = self._scheme(self.block_size or BLOCK_DEFAULT, self.rotation_size)
     except ValueError as e:
       raise FlagError(f"inconsistent --equarx_* flags: {e}") from None
+    if self.form == "tiled" and scheme.flat_only():
+      raise FlagError(f"--equarx_form=tiled: {scheme.flat_only()}")
     if self.compile_for:
       parse_compile_target(self.compile_for)
     if not (self.calibration_clip == 0 or 1 <= self.calibration_clip <= 100):
@@ -109,16 +126,27 @@ class Policy:
 
   @property
   def scheme(self):
-    """The quantized all-reduce this policy emits (scheme.Scheme)."""
+    """The quantized all-reduce this policy emits (scheme.Scheme) on its own platform:
+    --equarx_platform, else as for a file (cpu; tpu with --equarx_compile_for=tpu:...).
+    For a program compiled elsewhere, scheme_for(platform)."""
+    return self.scheme_for(None)
+
+  def scheme_for(self, platform: str | None):
+    """The scheme emitted for a program compiled for `platform` (a JAX platform name;
+    None: not known)."""
+    resolved, _ = self.for_target(self.target_platform(platform))
+    return resolved._scheme(resolved.block_size, resolved.rotation_size)
+
+  def _scheme(self, block_size: int, rotation_size: int):
     from equarx_pass.scheme import Scheme
 
     return Scheme(
       self.algorithm,
       self.format,
-      self.block_size,
+      block_size,
       self.block_layout,
       self.rotation,
-      self.rotation_size,
+      rotation_size,
       self.microshards,
     )
 
@@ -137,6 +165,25 @@ class Policy:
     if platform == "cuda" or platform == "rocm":
       return "gpu"
     return "tpu" if self.compile_for.startswith("tpu:") else "cpu"
+
+  def for_target(self, target: str) -> tuple[Policy, str | None]:
+    """This policy with the defaults of `target` (a target_platform) filled in, and why
+    the flat form is emitted (None: the tiled form is).
+
+    Tiled: the block size defaults to 128 on CPU with a rotation and 1024 elsewhere, the
+    rotation size to 128.  Flat: block 1024 and the scheme's own rotation size.
+    """
+    flat_only = self._scheme(self.block_size or BLOCK_DEFAULT, self.rotation_size).flat_only()
+    why = "--equarx_form=flat" if self.form == "flat" else flat_only
+    if why:
+      return self.replace(block_size=self.block_size or BLOCK_DEFAULT), why
+    rotating_cpu = target == "cpu" and self.rotation != "none"
+    cpu_block = max(BLOCK_DEFAULT_TILED_CPU, self.rotation_size)  # one scale per rotation
+    block = self.block_size or (cpu_block if rotating_cpu else BLOCK_DEFAULT)
+    rotation_size = self.rotation_size
+    if self.rotation != "none" and not rotation_size and block % ROTATION_SIZE_TILED == 0:
+      rotation_size = ROTATION_SIZE_TILED
+    return self.replace(block_size=block, rotation_size=rotation_size), None
 
   @classmethod
   def from_flags(cls, flags: str | None, base: Policy | None = None) -> Policy:
@@ -314,9 +361,17 @@ FLAGS = {
       "equarx_platform",
       "platform",
       _parse_str,
-      "emit the forms that run best on this platform: auto (where equarx_pass.jit "
-      "compiles; for equarx-opt tpu with --equarx_compile_for=tpu:..., else cpu), cpu "
-      "(flat), tpu or gpu (tiled two-shot)",
+      "whose defaults apply: auto (where equarx_pass.jit compiles; for equarx-opt tpu "
+      "with --equarx_compile_for=tpu:..., else cpu), cpu (with a rotation: blocks of 128, "
+      "the rotation as butterflies), tpu or gpu (blocks of 1024, the rotation as a matmul)",
+    ),
+    Flag(
+      "equarx_form",
+      "form",
+      _parse_str,
+      "the emitted form: auto (tiled where the scheme has one), tiled ([rows, 128] "
+      "tiles, scales on their own collectives, rotation as a matmul; two_shot and ring, "
+      "one lane, fixed blocks) or flat (one payload per row with the scales packed in)",
     ),
     Flag(
       "equarx_identity",

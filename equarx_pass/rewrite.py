@@ -67,7 +67,7 @@ def _ring_bytes_before(site: match.Site) -> int:
 
 
 def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> SiteRecord:
-  """flat_why: why the flat form is emitted ("cpu": it is the CPU's form), None: tiled."""
+  """flat_why: why the flat form is emitted, None: the tiled form is."""
   site = decision.site
   before = _ring_bytes_before(site)
   if isinstance(decision, match.Candidate) and policy.identity:
@@ -77,8 +77,8 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     verdict, reason = "rewritten", policy.scheme.describe() + _padding_note(after, before)
     if flat_why is None:
       reason += "; tiled form"
-    elif flat_why != "cpu" and not policy.calibration:
-      reason += f"; {flat_why}"
+    elif not policy.calibration:
+      reason += f"; flat form ({flat_why})"
   if isinstance(decision, match.Candidate):
     reason += _promotion_note(decision.op)
   else:
@@ -135,9 +135,7 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
   out = copy_module(module)
   outline_into = out if policy.outlines(platform) else None
   target = policy.target_platform(platform)
-  flat_why = tiled.unsupported(policy.scheme) if target in ("tpu", "gpu") else "cpu"
-  if flat_why is None:
-    policy = tiled.policy_for_tiles(policy)
+  policy, flat_why = policy.for_target(target)
   facts = match.module_facts(out)
   ops = match.find_all_reduces(out)
   decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
@@ -161,7 +159,7 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
         elif cand.site.index in calibrated:
           _replace_calibrated(cand, channels, calibrated[cand.site.index], outline_into)
         else:
-          _replace(cand, channels, policy, outline_into, tiled_form=flat_why is None)
+          _replace(cand, channels, policy, outline_into, flat_why is None, target != "cpu")
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start)
 
@@ -172,6 +170,7 @@ def _replace(
   policy: Policy,
   outline_into: ir.Module | None,
   tiled_form: bool,
+  matmul_rotation: bool,
 ) -> None:
   plan = build.RingPlan(
     cand.layout,
@@ -180,6 +179,7 @@ def _replace(
     cand.site.num_devices,
     policy.scheme,
     unrolled=cand.site.nbytes >= policy.unroll_min_bytes,
+    matmul_rotation=matmul_rotation,
   )
   emit = tiled.emit if tiled_form else build.emit_allreduce
   _emit_in_place(

@@ -116,6 +116,17 @@ class Scheme:
     size = layout.chunk // count
     return [Lane(1 if i < self.microshards else -1, i * size, size) for i in range(count)]
 
+  def flat_only(self) -> str | None:
+    """Why this scheme has no tiled form (tiled.py), so the flat one (build.py) is
+    emitted; None when it has one."""
+    if self.algorithm not in (TWO_SHOT, RING):
+      return f"the tiled form is two_shot's and ring's; {self.algorithm} is emitted flat"
+    if self.microshards > 1:
+      return "the tiled ring has one lane; microshards are emitted flat"
+    if self.block_layout != "fixed":
+      return "the tiled form has fixed blocks; the grid layout is emitted flat"
+    return None
+
   def describe(self) -> str:
     parts = [f"{self.format} {self.algorithm}"]
     parts.append("grid 8x128" if self.block_layout == "grid" else f"block {self.block_size}")

@@ -24,8 +24,10 @@ The rotation, where the scheme has one, is a dot_general with the +-1 Hadamard m
 over the last dimension of [..., size]: one small matmul per tile, which TPUs (MXU) and
 GPUs (tensor cores) run next to free.  The inverse rotation runs on the codes (small
 integers, whose sums f32 holds exactly in any order), so only the forward rotation's
-rounding differs from the butterflies of the flat form (rotation.py); f32 operands use
-HIGHEST precision so a TPU does not round them to bf16 first.
+rounding differs from the butterflies of the model (rotation.py); f32 operands use
+HIGHEST precision so a TPU does not round them to bf16 first.  On CPU
+(plan.matmul_rotation false) the forward rotation is the model's butterflies, so the
+whole site equals the model bit for bit.
 
 The flat form (build.py) is what XLA:CPU runs fastest; see BUILD_NOTES ("Emitted forms").
 """
@@ -42,30 +44,6 @@ from equarx_pass import quantize as qz
 from equarx_pass import scheme as scheme_lib
 
 LANES = 128
-
-
-def unsupported(scheme: scheme_lib.Scheme) -> str | None:
-  """Why `scheme` has no tiled form (then the flat form is emitted), or None."""
-  if scheme.algorithm not in (scheme_lib.TWO_SHOT, scheme_lib.RING):
-    return f"the tiled form is two_shot's and ring's; {scheme.algorithm} is emitted flat"
-  if scheme.microshards > 1:
-    return "the tiled ring has one lane; microshards are emitted flat"
-  if scheme.block_layout != "fixed":
-    return "the tiled form has fixed blocks; the grid layout is emitted flat"
-  return None
-
-
-def policy_for_tiles(policy):
-  """`policy` with the rotation size the tiled form defaults to: the lane width, 128.
-
-  A rotation is a matmul here, and H_1024 (the flat form's default, for a block of
-  1024) costs 8 times the multiplies of H_128; by the TPU compiler's estimates it
-  turned the site's on-chip time from 7x the native all-reduce's into a cost it
-  could not estimate.  An explicit --equarx_rotation_size is kept.
-  """
-  if policy.rotation == rotation.NONE or policy.rotation_size or policy.block_size % LANES:
-    return policy
-  return policy.replace(rotation_size=LANES)
 
 
 def _lanes(block: int) -> int:
@@ -152,10 +130,15 @@ class _Site:
     # matmul as they are: their products with +-1 are exact and the sums f32.
     entry = build.narrow_float(self.types) or em.f32
     x = em.reshape(em.flat_padded(operands, entry, layout.padded), (self.n, *self.tile))
-    if self.size:
+    if self.size and plan.matmul_rotation:
       # (H / size) x in one matmul: the power-of-two scale is exact in the matrix and in
       # the products (the same value as scaling first, unless a sum overflows).
       x = _rotate(em, x, self.size, exact=False, forward=True)
+    elif self.size:
+      # The model's butterflies, in its order: the same bits as the model.
+      shape = shape_of(x)
+      flat = em.reshape(em.convert(x, em.f32), (int(np.prod(shape, dtype=np.int64)),))
+      x = em.reshape(em.hadamard(flat, self.size), shape)
     self.chunks = x
 
   def finish(self, codes, scales) -> list[ir.Value]:
@@ -163,6 +146,11 @@ class _Site:
     em = self.em
     if self.size:
       values = _rotate(em, self.codec.values(codes), self.size, exact=True, forward=False)
+      # The signs after H, as the model flips them: a zero sum at a flipped position is
+      # -0 there (folded into the matrix it would come out +0).
+      shape = shape_of(values)
+      flat = em.reshape(values, (int(np.prod(shape, dtype=np.int64)),))
+      values = em.reshape(em.times_per_position(flat, rotation.signs(self.size)), shape)
       values = hlo.MulOp(values, em.bcast(scales, shape_of(values), [0])).result
     else:
       values = self.codec.dequantize(codes, scales)
@@ -273,10 +261,11 @@ def _rotate(em: build.Emitter, x, size: int, exact: bool, forward: bool) -> ir.V
   rank = len(shape_of(flat))
   element_type = ir.RankedTensorType(x.type).element_type
   # x @ M for a row x: forward M = D H / size ((H / size) D x as rotation.hadamard has it),
-  # inverse M = H D (D H q).  Both exact in f32 and bf16: entries +-1 or +-2^-k.
+  # inverse M = H (the caller flips the signs after it, D H q).  Both exact in f32 and
+  # bf16: entries +-1 or +-2^-k.
   d = rotation.signs(size).astype(np.float64)
   h = rotation.matrix(size)
-  matrix = d[:, None] * h * rotation.norm(size) if forward else h * d[None, :]
+  matrix = d[:, None] * h * rotation.norm(size) if forward else h
   h = em.convert(em.const(matrix.astype(np.float32), em.f32), element_type)
   dims = hlo.DotDimensionNumbers.get(
     lhs_batching_dimensions=[],

@@ -53,7 +53,10 @@ def test_rewrites_and_reports(mlp_mlir, tmp_path):
   assert proc.returncode == 0, proc.stderr
   assert "1 of 1 all-reduce sites rewritten" in proc.stdout
   # The default scheme: int8 two-shot with a Hadamard rotation.
-  assert "rewritten" in proc.stdout and "int8 two_shot, block 1024, hadamard 1024" in proc.stdout
+  assert (
+    "rewritten" in proc.stdout
+    and "int8 two_shot, block 128, hadamard 128; tiled form" in proc.stdout
+  )
   text = out.read_text()
   assert "stablehlo.all_reduce" not in text
   assert "stablehlo.all_to_all" in text and "stablehlo.all_gather" in text
@@ -173,9 +176,7 @@ def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   # (2 per rank here) into an all-reduce, the only one left.
   assert "2 s8 collectives" in proc.stdout and "1 all-reduce left (f32[16])" in proc.stdout
   assert "the TPU compiler makes small all-gathers (the f32 scales') all-reduces" in proc.stdout
-  flat = equarx_opt(
-    mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1", "--equarx_platform=cpu"
-  )
+  flat = equarx_opt(mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1", "--equarx_form=flat")
   assert flat.returncode == 0 and "0 all-reduces left" in flat.stdout, flat.stdout
 
 
@@ -199,7 +200,9 @@ def test_decorator_compile_for_tpu_topology():
   f.lower(jax.ShapeDtypeStruct((8, 32768), np.float32))
   tpu = f.report.lowerings[-1].tpu
   assert tpu is not None and tpu.target == "tpu:v4:2x2x1" and tpu.num_devices == 8
-  assert tpu.quantized_collectives >= 2 and tpu.all_reduces == 0
+  # The program runs on CPU, so it holds the CPU's tiled form: the TPU compiler makes the
+  # all-gather of its f32 scales an all-reduce, the only one left.
+  assert tpu.quantized_collectives >= 2 and tpu.all_reduces == 1
   assert "compiled for tpu:v4:2x2x1" in str(f.report)
 
 

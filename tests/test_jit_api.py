@@ -158,7 +158,7 @@ def test_flags_and_policy_override_env(monkeypatch):
     ("--equarx_enable --equarx_min_bytes=abc", "--equarx_min_bytes"),
     ("--equarx_min_bytes", "--equarx_min_bytes"),  # needs a value
     ("--equarx_min_bytes=-5", "--equarx_min_bytes"),
-    ("--equarx_block_size=0", "--equarx_block_size"),
+    ("--equarx_block_size=-1", "--equarx_block_size"),
     ("--equarx_unroll_min_bytes=-1", "--equarx_unroll_min_bytes"),
     ("--equarx_dtypes=f64", "--equarx_dtypes"),
     ("--equarx_enable=maybe", "--equarx_enable"),

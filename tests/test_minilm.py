@@ -189,6 +189,6 @@ def test_scheme_flags():
     "--equarx_enable --equarx_block_size=128 --equarx_report",
   ]
   with pytest.raises(minilm.equarx_pass.FlagError):
-    minilm.schemes_from(["--equarx_block_size=0"], [])
+    minilm.schemes_from(["--equarx_block_size=-1"], [])
   with pytest.raises(minilm.equarx_pass.FlagError):
     minilm.schemes_from(["--equarx_nonsense"], [])

@@ -28,8 +28,9 @@ CHECK_FILES = sorted(
 )
 FIXTURE_FILES = sorted(n for n in os.listdir(FIXTURES) if n.endswith((".mlir", ".txt")))
 # Rewrite everything the pass can rewrite, whatever its size.
-# Most structure tests here are about the ring; the default two-shot has its own below.
-RING = "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none"
+# Most structure tests here are about the flat ring; the default (tiled two-shot) has its
+# own below, and tests/test_tiled_form.py the tiled forms.
+RING = "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none --equarx_form=flat"
 EVERYTHING = RING + " --equarx_min_bytes=0"
 
 
@@ -152,7 +153,10 @@ def test_rewritten_sites_are_recorded(fixture, sites):
   got = [(r.shapes, r.dtypes, r.group_size, r.num_groups) for r in result.records]
   assert got == [((shape,), (dtype,), n, groups) for shape, dtype, n, groups in sites]
   for r in result.records:
-    assert (r.decision, r.reason) == ("rewritten", "int8 ring, block 1024")
+    assert (r.decision, r.reason) == (
+      "rewritten",
+      "int8 ring, block 1024; flat form (--equarx_form=flat)",
+    )
     assert "make_fixtures.py:" in r.location  # the psum's source line, from debug info
     # int8 plus one f32 scale per 1024 values against the original dtype's ring.
     bits = 8 + 32 / 1024
@@ -227,22 +231,23 @@ def test_permutes_have_fresh_handles_and_stay_in_groups(fixture):
 
 @pytest.mark.parametrize("fixture", FIXTURE_FILES)
 def test_default_two_shot_collectives_use_the_sites_groups(fixture):
-  """The default scheme: per rewritten site one all_to_all and one all_gather, with
-  fresh channel handles and exactly the replica groups of the all-reduce they replace."""
+  """The default scheme (tiled): per rewritten site two all_to_alls and two all_gathers
+  (codes, scales), with fresh channel handles and exactly the replica groups of the
+  all-reduce they replace."""
   source = read_fixture(fixture)
   result = transform(fixture, "--equarx_enable --equarx_min_bytes=0")
   before = all_reduces(source)
   rewritten = [i for i, r in enumerate(result.records) if r.rewritten]
   a2a = collectives(result.text, "stablehlo.all_to_all")
   gathers = collectives(result.text, "stablehlo.all_gather")
-  assert len(a2a) == len(gathers) == len(rewritten)
+  assert len(a2a) == len(gathers) == 2 * len(rewritten)
   assert not permutes(result.text)
   old = max(op.handle for op in before)
   handles = [op.handle for op in a2a + gathers]
   assert len(set(handles)) == len(handles) and all(h > old for h in handles)
-  for i, first, second in zip(rewritten, a2a, gathers):
-    np.testing.assert_array_equal(first.devices, before[i].devices)
-    np.testing.assert_array_equal(second.devices, before[i].devices)
+  for k, i in enumerate(rewritten):
+    for op in a2a[2 * k : 2 * k + 2] + gathers[2 * k : 2 * k + 2]:
+      np.testing.assert_array_equal(op.devices, before[i].devices)
 
 
 def test_subgroup_rings_never_cross_groups():
@@ -276,7 +281,7 @@ def test_padding_that_costs_bytes_is_reported():
   result = transform("tp_mlp_f32.mlir", "--equarx_enable --equarx_block_layout=grid")
   (record,) = result.records
   assert record.rewritten and record.bytes_after > record.bytes_before
-  assert record.reason.endswith("the original's bytes (padding)")
+  assert "the original's bytes (padding)" in record.reason
   plain = transform("tp_mlp_f32.mlir", "--equarx_enable").records[0]
   assert "padding" not in plain.reason and plain.bytes_after < plain.bytes_before
 

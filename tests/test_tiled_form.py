@@ -1,11 +1,12 @@
-"""The tiled forms (tiled.py, what TPUs and GPUs get) equal the two-shot and ring models.
+"""The tiled forms (tiled.py, the default on every platform) equal the two-shot and ring
+models.
 
-Run on the 8 CPU devices with --equarx_platform=tpu: without a rotation the tiled form
-has the flat form's ops in the same order on other shapes, so it equals
-scheme.reference bit for bit.  With a rotation, the forward rotation is a matmul
-whose rounding differs from the model's butterflies: there the test says so and
-checks the error against the float64 sum instead, and that every rank holds the same
-bits (the inverse rotation runs on the codes, exactly).
+Run on the 8 CPU devices.  On CPU the forward rotation is the model's butterflies, so
+every tiled scheme equals scheme.reference bit for bit.  With --equarx_platform=tpu the
+forward rotation is a matmul whose rounding differs from the butterflies: there the
+test says so and checks the error against the float64 sum instead, and that every rank
+holds the same bits (the inverse rotation runs on the codes, exactly).  Without a
+rotation both platforms' forms equal the model bit for bit.
 """
 
 import jax
@@ -15,7 +16,7 @@ from jax.extend.mlir import ir
 from jax.sharding import Mesh
 
 import equarx_pass
-from equarx_pass import _jax_private, match, tiled
+from equarx_pass import _jax_private, match
 from equarx_pass import scheme as scheme_lib
 from equarx_pass.policy import Policy
 from meshes import psum_program
@@ -67,6 +68,18 @@ def test_tiled_equals_model_bit_for_bit(flags, inputs):
 
 
 @pytest.mark.parametrize("flags", ROTATED)
+def test_tiled_rotation_on_cpu_equals_model_bit_for_bit(flags, inputs):
+  mesh = Mesh(np.array(jax.devices()), ("tp",))
+  fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=TILED.replace("tpu", "cpu") + flags)
+  out = np.asarray(fn(inputs))
+  (record,) = fn.report.records
+  assert record.reason.endswith("tiled form"), record.reason
+  model = scheme_lib.reference([inputs[i : i + 1] for i in range(8)], fn.policy.scheme)
+  for r in range(8):
+    np.testing.assert_array_equal(out[r], model[r][0], err_msg=f"rank {r}")
+
+
+@pytest.mark.parametrize("flags", ROTATED)
 def test_tiled_rotation_same_bits_on_every_rank_and_accurate(flags, inputs):
   fn, out = _run(flags, inputs)
   for r in range(8):
@@ -103,7 +116,10 @@ def test_schemes_without_a_tiled_form_say_so(flags, why, inputs):
   mesh = Mesh(np.array(jax.devices()), ("tp",))
   fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=TILED + flags)
   fn(inputs)
-  assert fn.report.records[0].reason.endswith(why)
+  reason = fn.report.records[0].reason
+  assert "; flat form (" in reason and reason.endswith(why + ")"), reason
+  with pytest.raises(equarx_pass.FlagError, match=why):
+    Policy.from_flags("--equarx_form=tiled " + flags)
 
 
 def test_platform_choice():
@@ -114,7 +130,24 @@ def test_platform_choice():
   assert policy.target_platform(None) == "cpu"
   assert policy.replace(compile_for="tpu:v5e:2x2").target_platform(None) == "tpu"
   assert policy.replace(platform="gpu").target_platform("cpu") == "gpu"
-  assert tiled.unsupported(policy.scheme) is None
+  assert policy.scheme.flat_only() is None
+
+
+def test_defaults_per_platform():
+  policy = Policy.from_flags("--equarx_enable")
+  # CPU: one scale per rotated row of 128; TPU and GPU: blocks of 1024, H_128.
+  assert (policy.scheme_for("cpu").block_size, policy.scheme_for("cpu").rotation_size) == (128, 128)
+  assert (policy.scheme_for("tpu").block_size, policy.scheme_for("tpu").rotation_size) == (
+    1024,
+    128,
+  )
+  flat = Policy.from_flags("--equarx_enable --equarx_form=flat")
+  assert flat.scheme.block_size == 1024 and flat.scheme.resolved_rotation_size == 1024
+  assert flat.for_target("cpu")[1] == "--equarx_form=flat"
+  # Explicit flags win; without a rotation the block stays 1024 on CPU too.
+  assert Policy.from_flags("--equarx_block_size=512").scheme.block_size == 512
+  assert Policy.from_flags("--equarx_rotation_size=256").scheme.block_size == 256
+  assert Policy.from_flags("--equarx_rotation=none").scheme.block_size == 1024
 
 
 @pytest.mark.parametrize("algorithm", ["two_shot", "ring"])

@@ -6,8 +6,8 @@
 No TPU is used or needed: libtpu compiles ahead of time for a named topology
 (equarx_pass.compile.compile_for_target).  For each topology, message size and dtype,
 a psum of a flat array over all chips is compiled as it is and rewritten by each
-scheme in the form the pass emits for TPU (--equarx_platform=tpu: the tiled form for
-two-shot, tiled.py).  Reported, all of it COMPILER ESTIMATES, not measurements:
+scheme in the form the pass emits for TPU (--equarx_platform=tpu: the tiled forms of
+two-shot and the ring, tiled.py; --form flat for build.py's flat form).  Reported, all of it COMPILER ESTIMATES, not measurements:
 
   optimal_seconds   the TPU compiler's cost_analysis() estimate for one run
   flops, bytes accessed   the same cost analysis (on-chip work and HBM traffic)
@@ -152,10 +152,11 @@ def main() -> int:
   ap.add_argument("--sizes", nargs="+", default=["1M", "32M"])
   ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
   ap.add_argument(
-    "--platform",
-    default="tpu",
-    choices=["tpu", "cpu"],
-    help="whose forms the pass emits: tpu (tiled, what a TPU gets) or cpu (flat, for comparison)",
+    "--form",
+    default="auto",
+    choices=["auto", "flat"],
+    help="the emitted form: auto (what a TPU gets: tiled where the scheme has a tiled "
+    "form) or flat (build.py's, for comparison)",
   )
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "tpu.json"))
   args = ap.parse_args()
@@ -175,7 +176,7 @@ def main() -> int:
   schemes = args.scheme or [
     "--equarx_enable",  # the default scheme
     "--equarx_enable --equarx_rotation=none",  # int8 two-shot, no rotation
-    benchlib.RING,  # int8 ring (flat form)
+    benchlib.RING,  # int8 ring
     benchlib.RING + " --equarx_format=int4 --equarx_block_size=128",
   ]
   ok, missing = benchlib.split_schemes(schemes)
@@ -206,7 +207,9 @@ def main() -> int:
           )
           if scheme:
             policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0")
-            result = equarx_pass.rewrite_module(module, policy.replace(platform=args.platform))
+            result = equarx_pass.rewrite_module(
+              module, policy.replace(platform="tpu", form=args.form)
+            )
             mod = result.module
             row["form"] = result.records[0].reason
           else:

@@ -60,7 +60,7 @@ def scheme_label(flags: str) -> str:
     )
   get = lambda name, default: getattr(p, name, default)
   parts = [get("format", "int8"), get("algorithm", "ring")]
-  if get("block_size", 1024) != 1024:
+  if get("block_size", 0):  # 0: the platform's default
     parts.append(f"b{p.block_size}")
   if get("block_layout", "fixed") != "fixed":
     parts.append(p.block_layout)
