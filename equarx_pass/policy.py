@@ -28,18 +28,18 @@ PARTITIONED_MODES = ("auto", "on", "off")
 # (rewrite.py): on, off, or (auto) only for a program compiled for XLA:CPU, the
 # backend where it was measured (BUILD_NOTES, "Compile-time decisions").
 OUTLINE_MODES = ("auto", "on", "off")
-# The platform whose defaults apply (for_target): auto = where equarx_pass.jit compiles
-# the program; for equarx-opt, tpu with --equarx_compile_for=tpu:..., else cpu.
+# The platform the tiled form is emitted for (on CPU its forward rotation is the model's
+# butterflies, elsewhere a matmul): auto = where equarx_pass.jit compiles the program;
+# for equarx-opt, tpu with --equarx_compile_for=tpu:..., else cpu.
 PLATFORMS = ("auto", "cpu", "tpu", "gpu")
 # The emitted form: tiled (tiled.py) or flat (build.py); auto = tiled wherever the
 # scheme has a tiled form (it measured faster on XLA:CPU too; BUILD_NOTES, "Emitted forms").
 FORMS = ("auto", "tiled", "flat")
 # Values per scale when --equarx_block_size is not given: with a rotation, in the tiled
-# form on CPU, 128 (one scale per rotated row: as cheap there as 1024, and the most
-# accurate int8 scheme), else 1024 (on a TPU, by its compiler's estimates, blocks of 128
-# cost 11x the native all-reduce against 7x).
+# form, one scale per rotated row of 128 (the most accurate int8 scheme, and no dearer
+# than 1024: on XLA:CPU in one process, and by the TPU compiler's estimates), else 1024.
 BLOCK_DEFAULT = 1024
-BLOCK_DEFAULT_TILED_CPU = 128
+BLOCK_DEFAULT_TILED_ROTATED = 128
 # The tiled form's rotation when --equarx_rotation_size is not given: one 128-lane row,
 # a matmul per tile (H_1024 costs 8x the multiplies).
 ROTATION_SIZE_TILED = 128
@@ -55,7 +55,7 @@ class Policy:
   min_bytes: int = 65536  # skip all-reduces smaller than this (total operand bytes)
   max_bytes: int = 0  # skip larger ones; 0 = no upper bound
   dtypes: tuple[str, ...] = DTYPES
-  block_size: int = 0  # values per f32 scale; 0: the platform's default (for_target)
+  block_size: int = 0  # values per f32 scale; 0: the form's default (resolved)
   format: str = "int8"
   # Default: the scheme that meets the accuracy targets (README, "Schemes"):
   # two quantizations per value instead of N, and outliers spread by the rotation.
@@ -80,7 +80,7 @@ class Policy:
   # the partitioned program rebuilt around it) but stays the native all-reduce, so the
   # result must equal plain jax.jit's bit for bit.
   identity: bool = False
-  platform: str = "auto"  # whose defaults: auto|cpu|tpu|gpu (PLATFORMS)
+  platform: str = "auto"  # where the program runs: auto|cpu|tpu|gpu (PLATFORMS)
   form: str = "auto"  # the emitted form: auto|tiled|flat (FORMS)
 
   def __post_init__(self):
@@ -126,16 +126,9 @@ class Policy:
 
   @property
   def scheme(self):
-    """The quantized all-reduce this policy emits (scheme.Scheme) on its own platform:
-    --equarx_platform, else as for a file (cpu; tpu with --equarx_compile_for=tpu:...).
-    For a program compiled elsewhere, scheme_for(platform)."""
-    return self.scheme_for(None)
-
-  def scheme_for(self, platform: str | None):
-    """The scheme emitted for a program compiled for `platform` (a JAX platform name;
-    None: not known)."""
-    resolved, _ = self.for_target(self.target_platform(platform))
-    return resolved._scheme(resolved.block_size, resolved.rotation_size)
+    """The quantized all-reduce this policy emits (scheme.Scheme), defaults filled in."""
+    policy, _ = self.resolved()
+    return policy._scheme(policy.block_size, policy.rotation_size)
 
   def _scheme(self, block_size: int, rotation_size: int):
     from equarx_pass.scheme import Scheme
@@ -166,20 +159,20 @@ class Policy:
       return "gpu"
     return "tpu" if self.compile_for.startswith("tpu:") else "cpu"
 
-  def for_target(self, target: str) -> tuple[Policy, str | None]:
-    """This policy with the defaults of `target` (a target_platform) filled in, and why
-    the flat form is emitted (None: the tiled form is).
+  def resolved(self) -> tuple[Policy, str | None]:
+    """This policy with the form's defaults filled in, and why the flat form is emitted
+    (None: the tiled form is).
 
-    Tiled: the block size defaults to 128 on CPU with a rotation and 1024 elsewhere, the
-    rotation size to 128.  Flat: block 1024 and the scheme's own rotation size.
+    Tiled: the rotation size defaults to 128 and the block size to one rotation (else
+    1024); on CPU the forward rotation is the model's butterflies, elsewhere a matmul
+    (rewrite.py).  Flat: block 1024 and the scheme's own rotation size.
     """
     flat_only = self._scheme(self.block_size or BLOCK_DEFAULT, self.rotation_size).flat_only()
     why = "--equarx_form=flat" if self.form == "flat" else flat_only
     if why:
       return self.replace(block_size=self.block_size or BLOCK_DEFAULT), why
-    rotating_cpu = target == "cpu" and self.rotation != "none"
-    cpu_block = max(BLOCK_DEFAULT_TILED_CPU, self.rotation_size)  # one scale per rotation
-    block = self.block_size or (cpu_block if rotating_cpu else BLOCK_DEFAULT)
+    one_rotation = max(BLOCK_DEFAULT_TILED_ROTATED, self.rotation_size)
+    block = self.block_size or (one_rotation if self.rotation != "none" else BLOCK_DEFAULT)
     rotation_size = self.rotation_size
     if self.rotation != "none" and not rotation_size and block % ROTATION_SIZE_TILED == 0:
       rotation_size = ROTATION_SIZE_TILED
@@ -361,9 +354,9 @@ FLAGS = {
       "equarx_platform",
       "platform",
       _parse_str,
-      "whose defaults apply: auto (where equarx_pass.jit compiles; for equarx-opt tpu "
-      "with --equarx_compile_for=tpu:..., else cpu), cpu (with a rotation: blocks of 128, "
-      "the rotation as butterflies), tpu or gpu (blocks of 1024, the rotation as a matmul)",
+      "where the program runs: auto (where equarx_pass.jit compiles; for equarx-opt tpu "
+      "with --equarx_compile_for=tpu:..., else cpu), cpu (the tiled form's forward "
+      "rotation as the model's butterflies: the same bits), tpu or gpu (as a matmul)",
     ),
     Flag(
       "equarx_form",

@@ -1,4 +1,4 @@
-"""The tiled forms of the two-shot and ring all-reduces: what TPUs and GPUs get.
+"""The tiled forms of the two-shot and ring all-reduces: the default on every platform.
 
 The same algorithms as two_shot.py and ring.py (and the same bits, without a rotation),
 emitted in shapes an accelerator's compiler lays out without copies:
@@ -6,9 +6,11 @@ emitted in shapes an accelerator's compiler lays out without copies:
   x:[N, R, S, W]       the operands, flat and padded (as the flat form), viewed as N
                        chunks of R blocks, each block S rows of W lanes (W = 128 when
                        the block is a multiple of 128: one TPU vreg row; else the block);
-                       16-bit floats stay 16-bit until read
+                       one-row blocks eight to a tile, [N, R / 8, 8, 128]; 16-bit floats
+                       stay 16-bit until read
   q, s                 codes int8 [.., R, S, W] (int4: two per byte, [.., R, S/2, W]) and
-                       scales f32 [.., R]: two arrays, each on its own collective (no
+                       scales f32 [.., R] ([.., R / 8, 8] for one-row blocks): two
+                       arrays, each on its own collective (no
                        scale bytes packed into the codes, whose tiny minor dimension a
                        TPU tiles 128 to 1)
   two-shot             all_to_all of every chunk; acc = dq(q_0) + ... + dq(q_N-1) in group
@@ -29,7 +31,8 @@ HIGHEST precision so a TPU does not round them to bf16 first.  On CPU
 (plan.matmul_rotation false) the forward rotation is the model's butterflies, so the
 whole site equals the model bit for bit.
 
-The flat form (build.py) is what XLA:CPU runs fastest; see BUILD_NOTES ("Emitted forms").
+The flat form (build.py) is emitted for the schemes that have no tiled form and under
+--equarx_form=flat; see BUILD_NOTES ("Emitted forms").
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from equarx_pass import quantize as qz
 from equarx_pass import scheme as scheme_lib
 
 LANES = 128
+SUBLANES = 8  # rows of a TPU tile
 
 
 def _lanes(block: int) -> int:
@@ -119,11 +123,18 @@ class _Site:
     self.fmt = scheme.fmt
     self.n, c, block = layout.group_size, layout.chunk, layout.block
     w = _lanes(block)
-    # One chunk: R blocks of S x W, or of W when S is 1 (a size-1 dimension above the
-    # lanes would make a TPU tile its rows one at a time).
+    # One chunk: R blocks of S x W; blocks of one row of 128 lanes eight to a tile
+    # [R / 8, 8, 128] with scales [R / 8, 8] (as [R, 128] a TPU lays the scales out
+    # along lanes and relayouts them: 11x the native all-reduce against 7x, by its
+    # compiler's estimates), else [R, W].  Never a size-1 dimension above the lanes.
     rows = block // w
-    self.tile = (c // block, rows, w) if rows > 1 else (c // block, w)
-    self.codec = _Codec(em, self.fmt, len(self.tile) - 1, rows)
+    if rows > 1:
+      self.tile, block_dims = (c // block, rows, w), 2
+    elif w == LANES and (c // block) % SUBLANES == 0:
+      self.tile, block_dims = (c // block // SUBLANES, SUBLANES, w), 1
+    else:
+      self.tile, block_dims = (c // block, w), 1
+    self.codec = _Codec(em, self.fmt, block_dims, rows)
     self.types = [ir.RankedTensorType(v.type) for v in operands]
     self.size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
     # 16-bit floats stay 16-bit until a step reads them (exact), and enter the rotation's
@@ -142,7 +153,7 @@ class _Site:
     self.chunks = x
 
   def finish(self, codes, scales) -> list[ir.Value]:
-    """All N chunks' codes [N R, S, W] and scales [N R], in chunk order -> the results."""
+    """All N chunks' codes [N R, ...] and scales [N R, ...], in chunk order -> the results."""
     em = self.em
     if self.size:
       values = _rotate(em, self.codec.values(codes), self.size, exact=True, forward=False)
@@ -151,7 +162,8 @@ class _Site:
       shape = shape_of(values)
       flat = em.reshape(values, (int(np.prod(shape, dtype=np.int64)),))
       values = em.reshape(em.times_per_position(flat, rotation.signs(self.size)), shape)
-      values = hlo.MulOp(values, em.bcast(scales, shape_of(values), [0])).result
+      lead = list(range(len(shape_of(scales))))
+      values = hlo.MulOp(values, em.bcast(scales, shape_of(values), lead)).result
     else:
       values = self.codec.dequantize(codes, scales)
     return em.unflatten_like(values, self.types)

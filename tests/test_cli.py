@@ -171,13 +171,16 @@ def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   proc = equarx_opt(mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1")
   assert proc.returncode == 0, proc.stderr
   assert "compiled for tpu:v4:2x2x1" in proc.stdout
-  # The tiled form (what --equarx_compile_for=tpu:... emits): int8 codes on an all-to-all
-  # and an all-gather; the TPU compiler turns the all-gather of the tiny f32 scales
-  # (2 per rank here) into an all-reduce, the only one left.
-  assert "2 s8 collectives" in proc.stdout and "1 all-reduce left (f32[16])" in proc.stdout
-  assert "the TPU compiler makes small all-gathers (the f32 scales') all-reduces" in proc.stdout
-  flat = equarx_opt(mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1", "--equarx_form=flat")
-  assert flat.returncode == 0 and "0 all-reduces left" in flat.stdout, flat.stdout
+  # The tiled form: int8 codes on an all-to-all and an all-gather, the f32 scales (eight
+  # to a row) on their own; no all-reduce left.
+  assert "2 s8 collectives" in proc.stdout and "0 all-reduces left" in proc.stdout
+  # Blocks of 1024 have one scale each, a 1-D array: the TPU compiler makes its small
+  # all-gather an all-reduce, and the summary says so.
+  b1024 = equarx_opt(
+    mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1", "--equarx_block_size=1024"
+  )
+  assert b1024.returncode == 0 and "1 all-reduce left (f32[16])" in b1024.stdout, b1024.stdout
+  assert "the TPU compiler makes small all-gathers (the f32 scales') all-reduces" in b1024.stdout
 
 
 @pytest.mark.libtpu
@@ -200,9 +203,7 @@ def test_decorator_compile_for_tpu_topology():
   f.lower(jax.ShapeDtypeStruct((8, 32768), np.float32))
   tpu = f.report.lowerings[-1].tpu
   assert tpu is not None and tpu.target == "tpu:v4:2x2x1" and tpu.num_devices == 8
-  # The program runs on CPU, so it holds the CPU's tiled form: the TPU compiler makes the
-  # all-gather of its f32 scales an all-reduce, the only one left.
-  assert tpu.quantized_collectives >= 2 and tpu.all_reduces == 1
+  assert tpu.quantized_collectives >= 2 and tpu.all_reduces == 0
   assert "compiled for tpu:v4:2x2x1" in str(f.report)
 
 

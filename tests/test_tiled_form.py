@@ -133,19 +133,18 @@ def test_platform_choice():
   assert policy.scheme.flat_only() is None
 
 
-def test_defaults_per_platform():
+def test_defaults_of_the_forms():
+  # Tiled, rotating: one scale per rotated row of 128.
   policy = Policy.from_flags("--equarx_enable")
-  # CPU: one scale per rotated row of 128; TPU and GPU: blocks of 1024, H_128.
-  assert (policy.scheme_for("cpu").block_size, policy.scheme_for("cpu").rotation_size) == (128, 128)
-  assert (policy.scheme_for("tpu").block_size, policy.scheme_for("tpu").rotation_size) == (
-    1024,
-    128,
-  )
+  assert (policy.scheme.block_size, policy.scheme.rotation_size) == (128, 128)
+  assert policy.resolved()[1] is None
+  # Flat: blocks of 1024 and the largest rotation dividing them.
   flat = Policy.from_flags("--equarx_enable --equarx_form=flat")
   assert flat.scheme.block_size == 1024 and flat.scheme.resolved_rotation_size == 1024
-  assert flat.for_target("cpu")[1] == "--equarx_form=flat"
-  # Explicit flags win; without a rotation the block stays 1024 on CPU too.
+  assert flat.resolved()[1] == "--equarx_form=flat"
+  # Explicit flags win; without a rotation the block is 1024.
   assert Policy.from_flags("--equarx_block_size=512").scheme.block_size == 512
+  assert Policy.from_flags("--equarx_block_size=512").scheme.rotation_size == 128
   assert Policy.from_flags("--equarx_rotation_size=256").scheme.block_size == 256
   assert Policy.from_flags("--equarx_rotation=none").scheme.block_size == 1024
 

@@ -52,16 +52,16 @@ SCHEMES = [
   f"{R} {NOROT} --equarx_block_layout=grid",
   f"{T} {NOROT}",
   f"{B} {NOROT}",
-  f"{R} {H}",
-  f"{T} {H}",  # the default
-  f"{T} {H} --equarx_rotation_size=128",  # the default's tiled form (TPU, GPU)
-  f"{T} {H} --equarx_block_size=128",
+  f"{R} {H} --equarx_block_size=1024",
+  f"{T} {H} --equarx_block_size=1024",  # the flat form's default
+  f"{T} {H} --equarx_block_size=1024 --equarx_rotation_size=128",
+  f"{T} {H} --equarx_block_size=128",  # the default
   f"{R} {H} --equarx_block_size=128",
   f"{R} {NOROT} --equarx_format=int4 --equarx_block_size=128",
   f"{R} {H} --equarx_format=int4 --equarx_block_size=128",
   f"{T} {H} --equarx_format=int4 --equarx_block_size=128",
   f"{R} {NOROT} --equarx_format=fp8_e4m3",
-  f"{T} {H} --equarx_format=fp8_e4m3",
+  f"{T} {H} --equarx_format=fp8_e4m3 --equarx_block_size=1024",
   f"{R} {NOROT} --equarx_format=fp8_e5m2",
 ]
 
