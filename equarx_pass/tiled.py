@@ -6,8 +6,8 @@ emitted in shapes an accelerator's compiler lays out without copies:
   x:[N, R, S, W]       the operands, flat and padded (as the flat form), viewed as N
                        chunks of R blocks, each block S rows of W lanes (W = 128 when
                        the block is a multiple of 128: one TPU vreg row; else the block);
-                       one-row blocks eight to a tile, [N, R / 8, 8, 128]; 16-bit floats
-                       stay 16-bit until read
+                       8-bit codes of one-row blocks eight to a tile, [N, R / 8, 8, 128];
+                       16-bit floats stay 16-bit until read
   q, s                 codes int8 [.., R, S, W] (int4: two per byte, [.., R, S/2, W]) and
                        scales f32 [.., R] ([.., R / 8, 8] for one-row blocks): two
                        arrays, each on its own collective (no
@@ -123,18 +123,24 @@ class _Site:
     self.fmt = scheme.fmt
     self.n, c, block = layout.group_size, layout.chunk, layout.block
     w = _lanes(block)
-    # One chunk: R blocks of S x W; blocks of one row of 128 lanes eight to a tile
-    # [R / 8, 8, 128] with scales [R / 8, 8] (as [R, 128] a TPU lays the scales out
-    # along lanes and relayouts them: 11x the native all-reduce against 7x, by its
-    # compiler's estimates), else [R, W].  Never a size-1 dimension above the lanes.
+    # One chunk: R blocks of S x W; 8-bit codes of one-row blocks of 128 lanes eight to
+    # a tile [R / 8, 8, 128], with scales [R / 8, 8]; else [R, W].  Never a size-1
+    # dimension above the lanes.  By the TPU compiler's estimates (v5e:2x2, 32 MiB of
+    # bf16) int8 two-shot with block 128 and H_128 costs 6.80x the native all-reduce's
+    # on-chip time so, 11.15x as [R, 128] (whose scales a TPU lays out along lanes and
+    # relayouts); the int4 ring with block 128 6.03x as [R, 128], 7.03x (nibbles paired
+    # across lanes) and 7.25x (across rows) as [R / 8, 8, 128].
     rows = block // w
     if rows > 1:
       self.tile, block_dims = (c // block, rows, w), 2
-    elif w == LANES and (c // block) % SUBLANES == 0:
+    elif w == LANES and (c // block) % SUBLANES == 0 and self.fmt.bits == 8:
       self.tile, block_dims = (c // block // SUBLANES, SUBLANES, w), 1
     else:
       self.tile, block_dims = (c // block, w), 1
-    self.codec = _Codec(em, self.fmt, block_dims, rows)
+    # int4 bytes pair the halves of a block's rows where it has an even number of them,
+    # else the halves of its lanes.
+    pair_rows = block_dims == 2 and rows % 2 == 0
+    self.codec = _Codec(em, self.fmt, block_dims, -2 if pair_rows else -1)
     self.types = [ir.RankedTensorType(v.type) for v in operands]
     self.size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
     # 16-bit floats stay 16-bit until a step reads them (exact), and enter the rotation's
@@ -195,14 +201,14 @@ class _Codec:
   """quantize.py's block codec on tiles [..., R, S, W] (or [..., R, W]): one scale per block
   of the last `block_dims` dimensions.
 
-  int4 codes travel two per byte: the two halves of each block share its bytes, halves of
-  its S rows when S is even, else of its W lanes.  Which values share a byte changes
+  int4 codes travel two per byte: the first and second half of the tiles along
+  `pack_axis` (-2: rows, -1: lanes) share the bytes.  Which values share a byte changes
   nothing but the bytes: the dequantized values are the model's.
   """
 
-  def __init__(self, em: build.Emitter, fmt: qz.Format, block_dims: int, rows: int = 1):
+  def __init__(self, em: build.Emitter, fmt: qz.Format, block_dims: int, pack_axis: int):
     self.em, self.fmt, self.block_dims = em, fmt, block_dims
-    self.pack_axis = None if fmt.bits == 8 else (-2 if block_dims == 2 and rows % 2 == 0 else -1)
+    self.pack_axis = None if fmt.bits == 8 else pack_axis
 
   def quantize(self, x) -> tuple[ir.Value, ir.Value]:
     """f32 [..., R, S, W] -> codes (int8 bytes) and scales f32 [..., R], quantize.py's ops
