@@ -60,7 +60,7 @@ def scheme_label(flags: str) -> str:
     )
   get = lambda name, default: getattr(p, name, default)
   parts = [get("format", "int8"), get("algorithm", "ring")]
-  if get("block_size", 0):  # 0: the platform's default
+  if get("block_size", 0):  # 0: the form's default
     parts.append(f"b{p.block_size}")
   if get("block_layout", "fixed") != "fixed":
     parts.append(p.block_layout)
@@ -73,8 +73,10 @@ def scheme_label(flags: str) -> str:
     parts.append(f"unroll>={p.unroll_min_bytes}")
   if get("outline", "auto") != "auto":
     parts.append(f"outline={p.outline}")
+  if get("form", "auto") != "auto":
+    parts.append(p.form)
   if get("platform", "auto") != "auto":
-    parts.append(f"{p.platform} form")
+    parts.append(f"for {p.platform}")
   return " ".join(parts)
 
 

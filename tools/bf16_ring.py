@@ -20,8 +20,11 @@ import os
 import sys
 
 
-def bf16_ring_allreduce(x, axis_name: str, axis_size: int):
-  """psum(x, axis_name) as a bf16 ring; call inside shard_map.  Same shape and dtype."""
+def bf16_ring_allreduce(x, axis_name: str, axis_size: int, permute=None, rank=None):
+  """psum(x, axis_name) as a bf16 ring; call inside shard_map.  Same shape and dtype.
+
+  permute and rank stand in for ppermute to the next rank and axis_index (the compute-only
+  twin of tools/bench_twin.py passes the identity and 0)."""
   import jax
   import jax.numpy as jnp
 
@@ -31,12 +34,16 @@ def bf16_ring_allreduce(x, axis_name: str, axis_size: int):
   length = flat.shape[0]
   chunk = -(-length // n)
   chunks = jnp.pad(flat, (0, n * chunk - length)).reshape(n, chunk)
-  rank = jax.lax.axis_index(axis_name)
+  rank = jax.lax.axis_index(axis_name) if rank is None else rank
   perm = [(i, (i + 1) % n) for i in range(n)]
+  if permute is None:
+
+    def permute(bits):
+      return jax.lax.ppermute(bits, axis_name, perm)
 
   def send(v):  # bf16 -> the next rank, as 2 bytes per value
     bits = jax.lax.bitcast_convert_type(v, jnp.uint16)
-    return jax.lax.bitcast_convert_type(jax.lax.ppermute(bits, axis_name, perm), jnp.bfloat16)
+    return jax.lax.bitcast_convert_type(permute(bits), jnp.bfloat16)
 
   # Reduce-scatter: rank r starts with chunk r, at step s adds chunk (r - s - 1) mod n.
   partial = chunks[rank]
