@@ -52,7 +52,7 @@ class Policy:
   """What the pass selects and what it emits.  Nothing is rewritten unless `enable`."""
 
   enable: bool = False
-  min_bytes: int = 65536  # skip all-reduces smaller than this (total operand bytes)
+  min_bytes: int = 131072  # skip all-reduces smaller than this (total operand bytes)
   max_bytes: int = 0  # skip larger ones; 0 = no upper bound
   dtypes: tuple[str, ...] = DTYPES
   block_size: int = 0  # values per f32 scale; 0: the form's default (resolved)
@@ -293,7 +293,13 @@ FLAGS = {
       _parse_dtypes,
       "element types to rewrite, comma list of bf16,f16,f32",
     ),
-    Flag("equarx_block_size", "block_size", _parse_int, "values per f32 scale"),
+    Flag(
+      "equarx_block_size",
+      "block_size",
+      _parse_int,
+      "values per f32 scale (default: one rotation, 128, in the tiled form with a rotation; "
+      "else 1024)",
+    ),
     Flag("equarx_format", "format", _parse_str, "wire format: " + ",".join(FORMATS)),
     Flag("equarx_algorithm", "algorithm", _parse_str, "collective: " + ",".join(ALGORITHMS)),
     Flag("equarx_rotation", "rotation", _parse_str, "rotation before quantizing: none,hadamard"),
@@ -301,7 +307,8 @@ FLAGS = {
       "equarx_rotation_size",
       "rotation_size",
       _parse_int,
-      "Hadamard block, a power of two dividing the block size (default: the largest such, <= 4096)",
+      "Hadamard block, a power of two dividing the block size (default: 128 in the tiled "
+      "form; flat: the largest such, <= 4096)",
     ),
     Flag("equarx_microshards", "microshards", _parse_int, "independent permutes per ring step"),
     Flag(
@@ -363,8 +370,9 @@ FLAGS = {
       "form",
       _parse_str,
       "the emitted form: auto (tiled where the scheme has one), tiled ([rows, 128] "
-      "tiles, scales on their own collectives, rotation as a matmul; two_shot and ring, "
-      "one lane, fixed blocks) or flat (one payload per row with the scales packed in)",
+      "tiles, scales on their own collectives, the inverse rotation as a matmul and the "
+      "forward one per --equarx_platform; two_shot and ring, one lane, fixed blocks) or "
+      "flat (one payload per row with the scales packed in, butterflies both ways)",
     ),
     Flag(
       "equarx_identity",

@@ -22,7 +22,7 @@ from equarx_pass.examples import auto_sharded as ex
 from equarx_pass.policy import Policy
 
 MESH = ex.tp_mesh()
-ON = "--equarx_enable"  # default scheme (int8 two-shot + Hadamard 1024), min 64 KiB
+ON = "--equarx_enable --equarx_min_bytes=65536"  # the default scheme; these sites are 64 KiB
 mlp, block = ex.mlp, ex.block
 
 

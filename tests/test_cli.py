@@ -25,6 +25,10 @@ def equarx_opt(*args, env=None):
   )
 
 
+# The MLP's psum is 64 KiB, below the default threshold.
+SMALL = "--equarx_min_bytes=65536"
+
+
 @pytest.fixture(scope="module")
 def mlp_mlir(tmp_path_factory):
   """A TP MLP's StableHLO, as `jitted.lower(...).as_text()` gives it."""
@@ -49,7 +53,7 @@ def mlp_mlir(tmp_path_factory):
 def test_rewrites_and_reports(mlp_mlir, tmp_path):
   out = tmp_path / "out.mlir"
   before = mlp_mlir.read_bytes()
-  proc = equarx_opt(mlp_mlir, "-o", out, "--report")
+  proc = equarx_opt(mlp_mlir, "-o", out, "--report", SMALL)
   assert proc.returncode == 0, proc.stderr
   assert "1 of 1 all-reduce sites rewritten" in proc.stdout
   # The default scheme: int8 two-shot with a Hadamard rotation.
@@ -66,7 +70,7 @@ def test_rewrites_and_reports(mlp_mlir, tmp_path):
 
 
 def test_stdout_when_no_output(mlp_mlir):
-  proc = equarx_opt(mlp_mlir, "--equarx_block_size=256", "--equarx_algorithm=ring")
+  proc = equarx_opt(mlp_mlir, "--equarx_block_size=256", "--equarx_algorithm=ring", SMALL)
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.startswith("module @jit_mlp")
   assert "collective_permute" in proc.stdout
@@ -168,7 +172,7 @@ def test_no_input_is_a_usage_error():
 def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   """No TPU here: libtpu compiles for a v4 2x2x1 topology (8 devices) ahead of time."""
   out = tmp_path / "out.mlir"
-  proc = equarx_opt(mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1")
+  proc = equarx_opt(mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1", SMALL)
   assert proc.returncode == 0, proc.stderr
   assert "compiled for tpu:v4:2x2x1" in proc.stdout
   # The tiled form: int8 codes on an all-to-all and an all-gather, the f32 scales (eight
@@ -177,7 +181,7 @@ def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   # Blocks of 1024 have one scale each, a 1-D array: the TPU compiler makes its small
   # all-gather an all-reduce, and the summary says so.
   b1024 = equarx_opt(
-    mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1", "--equarx_block_size=1024"
+    mlp_mlir, "-o", out, "--equarx_compile_for=tpu:v4:2x2x1", "--equarx_block_size=1024", SMALL
   )
   assert b1024.returncode == 0 and "1 all-reduce left (f32[16])" in b1024.stdout, b1024.stdout
   assert "the TPU compiler makes small all-gathers (the f32 scales') all-reduces" in b1024.stdout
