@@ -12,14 +12,18 @@ import os
 import shlex
 from typing import Any, Callable
 
+from equarx_pass import quantize as qz
+from equarx_pass import rotation as rotation_lib
+from equarx_pass import scheme as scheme_lib
 from equarx_pass.errors import FlagError
 
 ENV_VAR = "EQUARX_FLAGS"
 DTYPES = ("bf16", "f16", "f32")
-FORMATS = ("int8", "int4", "fp8_e4m3", "fp8_e5m2")
-ALGORITHMS = ("ring", "two_shot", "bidirectional")
-ROTATIONS = ("none", "hadamard")
-BLOCK_LAYOUTS = ("fixed", "grid")
+# What the scheme flags may name: each defined once, where it is implemented.
+FORMATS = tuple(qz.FORMATS)  # quantize.py: each format's codes, scales and bits
+ALGORITHMS = scheme_lib.ALGORITHMS
+ROTATIONS = rotation_lib.ROTATIONS
+BLOCK_LAYOUTS = scheme_lib.BLOCK_LAYOUTS
 # Where equarx_pass.jit looks for all-reduces (partitioned.py): in the lowered
 # StableHLO, in the per-device program after SPMD partitioning, or (auto) in the
 # latter only when the former has none.
@@ -125,15 +129,13 @@ class Policy:
       )
 
   @property
-  def scheme(self):
+  def scheme(self) -> scheme_lib.Scheme:
     """The quantized all-reduce this policy emits (scheme.Scheme), defaults filled in."""
     policy, _ = self.resolved()
     return policy._scheme(policy.block_size, policy.rotation_size)
 
-  def _scheme(self, block_size: int, rotation_size: int):
-    from equarx_pass.scheme import Scheme
-
-    return Scheme(
+  def _scheme(self, block_size: int, rotation_size: int) -> scheme_lib.Scheme:
+    return scheme_lib.Scheme(
       self.algorithm,
       self.format,
       block_size,
@@ -172,9 +174,10 @@ class Policy:
     if why:
       return self.replace(block_size=self.block_size or BLOCK_DEFAULT), why
     one_rotation = max(BLOCK_DEFAULT_TILED_ROTATED, self.rotation_size)
-    block = self.block_size or (one_rotation if self.rotation != "none" else BLOCK_DEFAULT)
+    rotating = self.rotation != rotation_lib.NONE
+    block = self.block_size or (one_rotation if rotating else BLOCK_DEFAULT)
     rotation_size = self.rotation_size
-    if self.rotation != "none" and not rotation_size and block % ROTATION_SIZE_TILED == 0:
+    if rotating and not rotation_size and block % ROTATION_SIZE_TILED == 0:
       rotation_size = ROTATION_SIZE_TILED
     return self.replace(block_size=block, rotation_size=rotation_size), None
 
