@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from equarx_pass import _jax_private, match, partitioned, report
-from equarx_pass import compile as compile_lib
+from equarx_pass import tpu_aot
 from equarx_pass.errors import RewriteError
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import SiteRecord, rewrite_module
@@ -45,7 +45,7 @@ class LoweringReport:
   signature: str
   records: tuple[SiteRecord, ...]
   pass_seconds: float
-  tpu: compile_lib.TopologyCompile | None = None  # with --equarx_compile_for
+  tpu: tpu_aot.TopologyCompile | None = None  # with --equarx_compile_for
   # "lowered": the StableHLO jax.jit lowered; "partitioned": the per-device program
   # after SPMD partitioning (the sites are the compiler-inserted all-reduces too).
   route: str = "lowered"
@@ -249,7 +249,7 @@ class Jitted:
     target (compile.compile_for_target's report), or None without the flag or module."""
     if not self.policy.compile_for or module is None:
       return None
-    return compile_lib.compile_for_target(str(module), self.policy.compile_for)
+    return tpu_aot.compile_for_target(str(module), self.policy.compile_for)
 
   def _record(self, records, seconds, tpu, args, kwargs, **extra) -> None:
     leaves = jax.tree_util.tree_leaves((args, kwargs))

@@ -39,7 +39,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func, sdy, stablehlo
 
 from equarx_pass import _jax_private, match
-from equarx_pass import compile as compile_lib
+from equarx_pass import tpu_aot
 from equarx_pass.errors import RewriteError
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import RewriteResult, copy_module, rewrite_module, verify
@@ -99,7 +99,7 @@ def count_compiled_all_reduces(compiled) -> int:
   """All-reduces (sync, or async start) in a Compiled's optimized HLO.  XLA's combiner
   merges all-reduces after partitioning, so this can be fewer than the sites."""
   return sum(
-    compile_lib.count_collectives(module.to_string())["all_reduces"]
+    tpu_aot.count_collectives(module.to_string())["all_reduces"]
     for module in _jax_private.compiled_hlo_modules(compiled)
   )
 

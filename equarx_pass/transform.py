@@ -14,7 +14,7 @@ import os
 import secrets
 import stat
 
-from equarx_pass import compile as compile_lib
+from equarx_pass import tpu_aot
 from equarx_pass import parse
 from equarx_pass.errors import CompileError, EquarxError, RewriteError, VerifyError
 from equarx_pass.policy import Policy
@@ -27,7 +27,7 @@ class TransformResult:
   records: list[SiteRecord]
   input_kind: str
   pass_seconds: float
-  tpu: compile_lib.TopologyCompile | None = None
+  tpu: tpu_aot.TopologyCompile | None = None
 
 
 def transform_text(data: bytes | str, policy: Policy, path: str = "<input>") -> TransformResult:
@@ -37,7 +37,7 @@ def transform_text(data: bytes | str, policy: Policy, path: str = "<input>") -> 
     text = str(result.module)
     tpu = None
     if policy.compile_for:
-      tpu = compile_lib.compile_for_target(text, policy.compile_for)
+      tpu = tpu_aot.compile_for_target(text, policy.compile_for)
   except (RewriteError, VerifyError, CompileError) as e:
     # Name the input, as parse errors do: the CLI prints only the message.
     raise type(e)(f"{path}: {e}") from e

@@ -209,10 +209,10 @@ def child(cfg: dict) -> dict:
   out["phases_s"] = phases
   out.update(hlo_stats(compiled.as_text()))
   if cfg.get("tpu"):
-    from equarx_pass import compile as compile_lib
+    from equarx_pass import tpu_aot
 
     try:
-      tpu = compile_lib.compile_for_target(str(module), cfg["tpu"])
+      tpu = tpu_aot.compile_for_target(str(module), cfg["tpu"])
       out["tpu_compile_s"] = tpu.seconds
     except Exception as e:
       out["tpu_error"] = f"{type(e).__name__}: {str(e)[:200]}"

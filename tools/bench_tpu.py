@@ -4,7 +4,7 @@
     python tools/bench_tpu.py --topology v4:2x2x1 --sizes 1M 32M --scheme="--equarx_enable"
 
 No TPU is used or needed: libtpu compiles ahead of time for a named topology
-(equarx_pass.compile.compile_for_target).  For each topology, message size and dtype,
+(equarx_pass.tpu_aot.compile_for_target).  For each topology, message size and dtype,
 a psum of a flat array over all chips is compiled as it is and rewritten by each
 scheme in the form the pass emits for TPU (--equarx_platform=tpu: the tiled forms of
 two-shot and the ring, tiled.py; --form flat for build.py's flat form).  Reported, all of it COMPILER ESTIMATES, not measurements:
@@ -170,7 +170,7 @@ def main() -> int:
 
   import equarx_pass
   import wire_bytes
-  from equarx_pass import compile as compile_lib
+  from equarx_pass import tpu_aot
 
   jax.config.update("jax_num_cpu_devices", max(chips.values()))
   schemes = args.scheme or [
@@ -217,7 +217,7 @@ def main() -> int:
           # The native all-reduce in its own dtype, as a ring would send it.
           row["wire_bytes"] = wire_bytes.count_module(mod, n).bytes
           try:
-            tc = compile_lib.compile_for_target(str(mod), target)
+            tc = tpu_aot.compile_for_target(str(mod), target)
           except Exception as e:
             rows.append(dict(row, error=f"{type(e).__name__}: {str(e)[:200]}"))
             print("  " + rows[-1]["error"], flush=True)

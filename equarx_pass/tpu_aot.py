@@ -1,10 +1,10 @@
-"""compile: the last stage.  Ahead-of-time compiles of a (rewritten) module for TPU.
+"""Ahead-of-time compiles of a (rewritten) module for a TPU topology (--equarx_compile_for).
 
 No TPU is needed: libtpu (the jax[tpu] extra) gives compile-only devices for a
 named topology (e.g. v5e:2x2, v4:2x2x1), and their client compiles a StableHLO
 module into a real TPU executable.  libtpu can abort the whole process on a
 module it dislikes instead of raising, so the compile runs in a child process
-(`python -m equarx_pass.compile TARGET < module.mlir`) and a crash becomes a
+(`python -m equarx_pass.tpu_aot TARGET < module.mlir`) and a crash becomes a
 CompileError.  Compiling for the CPU/GPU the program runs on happens in jit.py,
 through JAX's own Lowered.compile().
 
@@ -81,7 +81,7 @@ def compile_for_target(
   env.setdefault(LIBTPU_MULTI_LOAD, "1")
   try:
     proc = subprocess.run(
-      [sys.executable, "-m", "equarx_pass.compile", target],
+      [sys.executable, "-m", "equarx_pass.tpu_aot", target],
       input=module_text.encode(),
       capture_output=True,
       timeout=timeout,
@@ -183,7 +183,7 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
 def main(argv: list[str]) -> int:
   os.environ.setdefault(LIBTPU_MULTI_LOAD, "1")  # before libtpu loads (see the docstring)
   if len(argv) != 2:
-    print(json.dumps({"error": "usage: python -m equarx_pass.compile tpu:TOPOLOGY < module"}))
+    print(json.dumps({"error": "usage: python -m equarx_pass.tpu_aot tpu:TOPOLOGY < module"}))
     return 2
   try:
     result = _compile_in_this_process(sys.stdin.read(), argv[1])
