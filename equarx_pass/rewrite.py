@@ -20,7 +20,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import build, calibration, match, outlier, ring, tiled
+from equarx_pass import build, calibration, match, outlier, tiled
 from equarx_pass.errors import InternalError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
@@ -73,7 +73,7 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
   if isinstance(decision, match.Candidate) and policy.identity:
     after, verdict, reason = before, "rewritten", "identity: the native all-reduce, rebuilt"
   elif isinstance(decision, match.Candidate):
-    after = ring.ring_wire_bytes(decision.layout, 0, policy.scheme.fmt).after
+    after = policy.scheme.wire_bytes(decision.layout)
     verdict, reason = "rewritten", policy.scheme.describe() + _padding_note(after, before)
     if flat_why is None:
       reason += "; tiled form"

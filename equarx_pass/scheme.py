@@ -116,6 +116,17 @@ class Scheme:
     size = layout.chunk // count
     return [Lane(1 if i < self.microshards else -1, i * size, size) for i in range(count)]
 
+  def wire_bytes(self, layout: ring.ChunkLayout) -> int:
+    """Bytes one rank sends for a site of `layout`: what the report prices and
+    tools/wire_bytes.py counts from the emitted collectives.  The ring forwards 2(N-1)
+    quantized chunks (bidirectional: each direction a share of every chunk); two-shot
+    sends N-1 in its all-to-all and N-1 in its all-gather, the same bytes."""
+    n = layout.group_size
+    chunk_bytes = self.fmt.payload_bytes(layout.chunk, layout.blocks)
+    if self.algorithm == TWO_SHOT:
+      return (n - 1) * chunk_bytes + (n - 1) * chunk_bytes
+    return 2 * (n - 1) * chunk_bytes
+
   def flat_only(self) -> str | None:
     """Why this scheme has no tiled form (tiled.py), so the flat one (build.py) is
     emitted; None when it has one."""
