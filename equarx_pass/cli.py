@@ -116,6 +116,9 @@ def usage() -> str:
     if flag.name == "equarx_partitioned":
       continue  # equarx_pass.jit only: a file is already one program
     text = flag.help
+    default = getattr(policy_lib.Policy(), flag.field)
+    if not flag.is_bool and "default" not in text and default not in ("", 0, "auto"):
+      text += f" (default: {flag.format(default).split('=', 1)[1]})"
     if flag.name == "equarx_enable":
       text = "rewrite matching all-reduces (on here; --noequarx_enable converts and reports only)"
     value = "" if flag.is_bool else "=VALUE"
