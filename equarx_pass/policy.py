@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import shlex
-from typing import Any, Callable
+from typing import Any, Callable, Literal, get_args
 
 from equarx_pass import quantize as qz
 from equarx_pass import rotation as rotation_lib
@@ -27,18 +27,21 @@ BLOCK_LAYOUTS = scheme_lib.BLOCK_LAYOUTS
 # Where equarx_pass.jit looks for all-reduces (partitioned.py): in the lowered
 # StableHLO, in the per-device program after SPMD partitioning, or (auto) in the
 # latter only when the former has none.
-PARTITIONED_MODES = ("auto", "on", "off")
+Mode = Literal["auto", "on", "off"]
+PARTITIONED_MODES = get_args(Mode)
 # Whether each rewritten all-reduce becomes a private function called out of line
 # (rewrite.py): on, off, or (auto) only for a program compiled for XLA:CPU, the
 # backend where it was measured (BUILD_NOTES, "Compile-time decisions").
-OUTLINE_MODES = ("auto", "on", "off")
+OUTLINE_MODES = get_args(Mode)
 # The platform the tiled form is emitted for (on CPU its forward rotation is the model's
 # butterflies, elsewhere a matmul): auto = where equarx_pass.jit compiles the program;
 # for equarx-opt, tpu with --equarx_compile_for=tpu:..., else cpu.
-PLATFORMS = ("auto", "cpu", "tpu", "gpu")
+Platform = Literal["auto", "cpu", "tpu", "gpu"]
+PLATFORMS = get_args(Platform)
 # The emitted form: tiled (tiled.py) or flat (build.py); auto = tiled wherever the
 # scheme has a tiled form (it measured faster on XLA:CPU too; BUILD_NOTES, "Emitted forms").
-FORMS = ("auto", "tiled", "flat")
+Form = Literal["auto", "tiled", "flat"]
+FORMS = get_args(Form)
 # Values per scale when --equarx_block_size is not given: with a rotation, in the tiled
 # form, one scale per rotated row of 128 (the most accurate int8 scheme, and no dearer
 # than 1024: on XLA:CPU in one process, and by the TPU compiler's estimates), else 1024.
@@ -75,8 +78,8 @@ class Policy:
   block_layout: str = "fixed"  # "grid": the paper's 8 x 128 scales per chunk
   report: bool = False  # print the site table after each rewrite
   compile_for: str = ""  # e.g. "tpu:v5e:2x2": also compile for that topology
-  partitioned: str = "auto"  # equarx_pass.jit: rewrite the partitioned program (auto|on|off)
-  outline: str = "auto"  # each site a function called out of line (auto|on|off)
+  partitioned: Mode = "auto"  # equarx_pass.jit: rewrite the partitioned program
+  outline: Mode = "auto"  # each site a function called out of line
   calibration: str = ""  # a calibration file (equarx_pass.calibrate): its sites use
   # static int4 scales with bf16 outlier features
   calibration_clip: float = 0.0  # > 0: static range = min(range, this x rms) per feature
@@ -84,8 +87,8 @@ class Policy:
   # the partitioned program rebuilt around it) but stays the native all-reduce, so the
   # result must equal plain jax.jit's bit for bit.
   identity: bool = False
-  platform: str = "auto"  # where the program runs: auto|cpu|tpu|gpu (PLATFORMS)
-  form: str = "auto"  # the emitted form: auto|tiled|flat (FORMS)
+  platform: Platform = "auto"  # where the program runs
+  form: Form = "auto"  # the emitted form
 
   def __post_init__(self):
     if self.min_bytes < 0:
