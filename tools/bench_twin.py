@@ -36,10 +36,9 @@ def twin_module(module, n: int):
   """The outlined site of rewritten `module` as a one-device module: its collectives
   replaced by local stand-ins, its rank 0."""
   from jax.extend.mlir import ir
-  from jax.extend.mlir.dialects import func
   from jax.extend.mlir.dialects import stablehlo as hlo
 
-  from equarx_pass import rewrite
+  from equarx_pass import match, rewrite
 
   twin = rewrite.copy_module(module)
   with twin.context, ir.Location.unknown():
@@ -57,9 +56,7 @@ def twin_module(module, n: int):
     site.attributes["sym_visibility"] = ir.StringAttr.get("public")
     for name in ("mhlo.num_partitions", "mhlo.num_replicas"):
       twin.operation.attributes[name] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 1)
-    ops = []
-    _walk(site.operation, ops)
-    for op in ops:
+    for op in list(match.walk(site.operation)):  # a list: the loop erases ops
       name = op.name
       if name in ("stablehlo.collective_permute", "stablehlo.all_to_all", "stablehlo.all_reduce"):
         # The data stays where it is (all_to_all: split and concatenated on one axis).
@@ -84,17 +81,7 @@ def twin_module(module, n: int):
           ).result
         op.results[0].replace_all_uses_with(zero)
         op.erase()
-    del func  # imported for the dialect's registration only
   return twin
-
-
-def _walk(op, out: list) -> None:
-  """Every op nested in `op`, in order."""
-  for region in op.regions:
-    for block in region.blocks:
-      for inner in block.operations:
-        out.append(inner.operation)
-        _walk(inner.operation, out)
 
 
 def timed(run, calls: int) -> float:
