@@ -42,11 +42,10 @@ PLATFORMS = get_args(Platform)
 # scheme has a tiled form (it measured faster on XLA:CPU too; BUILD_NOTES, "Emitted forms").
 Form = Literal["auto", "tiled", "flat"]
 FORMS = get_args(Form)
-# Values per scale when --equarx_block_size is not given: with a rotation, in the tiled
-# form, one scale per rotated row of 128 (the most accurate int8 scheme, and no dearer
-# than 1024: on XLA:CPU in one process, and by the TPU compiler's estimates), else 1024.
+# Values per scale when --equarx_block_size is not given: 1024, or with a rotation in the
+# tiled form one scale per rotation (the most accurate int8 scheme, and no dearer than
+# 1024: on XLA:CPU in one process, and by the TPU compiler's estimates).
 BLOCK_DEFAULT = 1024
-BLOCK_DEFAULT_TILED_ROTATED = 128
 # The tiled form's rotation when --equarx_rotation_size is not given: one 128-lane row,
 # a matmul per tile (H_1024 costs 8x the multiplies).
 ROTATION_SIZE_TILED = 128
@@ -176,7 +175,7 @@ class Policy:
     why = "--equarx_form=flat" if self.form == "flat" else flat_only
     if why:
       return self.replace(block_size=self.block_size or BLOCK_DEFAULT), why
-    one_rotation = max(BLOCK_DEFAULT_TILED_ROTATED, self.rotation_size)
+    one_rotation = max(ROTATION_SIZE_TILED, self.rotation_size)
     rotating = self.rotation != rotation_lib.NONE
     block = self.block_size or (one_rotation if rotating else BLOCK_DEFAULT)
     rotation_size = self.rotation_size

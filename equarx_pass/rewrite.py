@@ -159,7 +159,14 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
         elif cand.site.index in calibrated:
           _replace_calibrated(cand, channels, calibrated[cand.site.index], outline_into)
         else:
-          _replace(cand, channels, policy, outline_into, flat_why is None, target != "cpu")
+          _replace(
+            cand,
+            channels,
+            policy,
+            outline_into,
+            tiled_form=flat_why is None,
+            matmul_rotation=target != "cpu",
+          )
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start)
 
