@@ -314,7 +314,9 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
     else:
       operands.append(Operand(tuple(t.shape), str(t.element_type)))
   attrs = op.attributes
-  has_channel = "channel_handle" in attrs
+  # A channel id <= 0 is no channel (the StableHLO spec; XLA runs such an all-reduce
+  # across replicas): the mode is cross-replica, whatever the attribute's presence says.
+  has_channel = channel_id(op) > 0
   global_ids = "use_global_device_ids" in attrs
   problem = None
   if has_channel and global_ids:
@@ -515,10 +517,18 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
   return Candidate(site, op, layout, ring.make_schedule(site.groups))
 
 
+def channel_id(op: ir.Operation) -> int:
+  """The op's channel handle, 0 without one; StableHLO's or MHLO's attribute."""
+  if "channel_handle" not in op.attributes:
+    return 0
+  attr = op.attributes["channel_handle"]
+  try:
+    return stablehlo.ChannelHandle(attr).handle
+  except ValueError:  # #mhlo.channel_handle<handle = 5, type = 2>
+    found = re.search(r"handle\s*=\s*(-?\d+)", str(attr))
+    return int(found.group(1)) if found else 0
+
+
 def max_channel_handle(module: ir.Module) -> int:
   """Largest channel handle in use, so new collectives get fresh ones."""
-  top = 0
-  for op in walk(module.operation):
-    if "channel_handle" in op.attributes:
-      top = max(top, stablehlo.ChannelHandle(op.attributes["channel_handle"]).handle)
-  return top
+  return max([0] + [channel_id(op) for op in walk(module.operation)])

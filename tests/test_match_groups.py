@@ -105,3 +105,24 @@ def test_global_ids_with_several_replicas_is_skipped():
   result = equarx_pass.rewrite_module(module, equarx_pass.Policy(enable=True))
   assert result.records[0].decision == "skipped"
   assert "several replicas" in result.records[0].reason
+
+
+@pytest.mark.parametrize("replicas,decision", [(1, "skipped"), (8, "rewritten")])
+def test_channel_handle_zero_is_cross_replica(replicas, decision):
+  """Handle 0 is no channel: the groups name replicas.  With 8 partitions and one replica,
+  [[0]] is a group of one device (XLA returns each device's own input), not every
+  partition; with 8 replicas it is an ordinary replica group of all of them."""
+  groups = "[[0]]" if replicas == 1 else "[[0, 1, 2, 3, 4, 5, 6, 7]]"
+  module = _parse(
+    "channel_handle = #stablehlo.channel_handle<handle = 0, type = 0>, "
+    f"replica_groups = dense<{groups}> : tensor<1x{1 if replicas == 1 else 8}xi64>"
+  )
+  if replicas > 1:
+    for name, value in (("mhlo.num_replicas", replicas), ("mhlo.num_partitions", 1)):
+      module.operation.attributes[name] = ir.IntegerAttr.get(
+        ir.IntegerType.get_signless(32, module.context), value
+      )
+  site, _ = match.describe(match.find_all_reduces(module)[0], 0, match.module_facts(module))
+  assert site.device_kind == "replica"
+  result = equarx_pass.rewrite_module(module, equarx_pass.Policy(enable=True))
+  assert result.records[0].decision == decision, result.records[0]
