@@ -513,7 +513,12 @@ def _convert(kind: bytes, data: bytes, limit: int) -> tuple[str, str]:
     except Exception as e:
       first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
       raise ParseError(f"jaxlib cannot convert this HLO module to StableHLO: {first}") from None
-    module, input_kind = _parse_mlir(bytecode, None, context), "hlo-text"
+    try:
+      module, input_kind = _parse_mlir(bytecode, None, context), "hlo-text"
+    except ParseError as e:  # the HLO parsed; what jaxlib made of it does not verify
+      raise ParseError(
+        f"jaxlib's HLO -> StableHLO conversion gave an invalid module: {e.message}"
+      ) from None
   out = _BoundedText(limit)
   module.operation.print(enable_debug_info=True, file=out)
   return "".join(out.parts), input_kind
