@@ -3,8 +3,9 @@
     import equarx_pass
     step = equarx_pass.jit(step_fn, flags="--equarx_enable")
 
-The flow, one module each: parse -> match -> rewrite (build) -> verify -> compile.
-The collective algorithm and its NumPy model are in ring.py and quantize.py.
+The flow, one module each: parse -> match -> rewrite -> verify -> compile (transform,
+jit, tpu_aot).  The rewrite emits a site's algorithm (algorithms/) in a form (forms.py)
+with a wire format (formats/); each has its NumPy model beside its emitter.
 """
 
 # First: refuses a JAX outside the supported range, naming it (see _version.py).

@@ -18,7 +18,7 @@ import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import sdy, stablehlo
 
-from equarx_pass import ring
+from equarx_pass.layout import ChunkLayout, GroupSchedule, make_schedule
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
 ALL_REDUCE = "stablehlo.all_reduce"
@@ -263,8 +263,8 @@ class Site:
 class Candidate:
   site: Site
   op: ir.Operation
-  layout: ring.ChunkLayout
-  schedule: ring.RingSchedule
+  layout: ChunkLayout
+  schedule: GroupSchedule
 
 
 @dataclasses.dataclass(frozen=True)
@@ -366,7 +366,7 @@ def _replica_groups(attr: ir.Attribute, num_devices: int, facts: ModuleFacts):
   else:
     return None, f"replica groups in a form the pass does not expand ({attr})"
   try:
-    ring.make_schedule(groups)
+    make_schedule(groups)
   except ValueError as e:
     return None, f"unusable replica groups: {e}"
   if max(max(g) for g in groups) >= num_devices:
@@ -483,7 +483,7 @@ def _check_known_divergence(site, op, policy, problem):
   scheme = policy.scheme
   if (
     site.group_size == 2
-    and scheme.format == "int4"
+    and scheme.fmt.bits == 4
     and scheme.block_layout == "grid"
     and scheme.algorithm != "two_shot"
   ):
@@ -514,7 +514,7 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
       return Skip(site, reason)
   total = sum(o.size for o in site.operands)
   layout = policy.scheme.layout(total, site.group_size)
-  return Candidate(site, op, layout, ring.make_schedule(site.groups))
+  return Candidate(site, op, layout, make_schedule(site.groups))
 
 
 def channel_id(op: ir.Operation) -> int:

@@ -30,7 +30,8 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func, sdy
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import _jax_private, build, calibration, match, outlier, transform
+from equarx_pass import _jax_private, calibration, match, outlier, transform
+from equarx_pass.outlier_emit import emit_feature_stats
 from equarx_pass.errors import FlagError
 from equarx_pass.policy import Policy
 
@@ -85,8 +86,8 @@ def _insert_stats(obs: _Observed, op: ir.Operation) -> None:
   with ir.InsertionPoint(after):
     # NaN counts as +inf in the absmax: non-finite data shows as an infinite
     # range, and the site is not calibrated from it.
-    in_max, in_ms = build.emit_feature_stats(op.operands[0])
-    out_max, out_ms = build.emit_feature_stats(op.results[0])
+    in_max, in_ms = emit_feature_stats(op.operands[0])
+    out_max, out_ms = emit_feature_stats(op.results[0])
     stacked = hlo.ConcatenateOp([in_max, out_max, in_ms, out_ms], 0).result
     h = ir.RankedTensorType(stacked.type).shape[1]
     obs.stats = hlo.ReshapeOp(

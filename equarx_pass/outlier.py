@@ -1,6 +1,6 @@
 """The calibrated outlier-feature all-reduce: layout, scales and NumPy model.
 
-No MLIR here: build.py emits these operations in this order, and `reference` is
+This module uses no MLIR: outlier_emit.py emits these operations in this order, and `reference` is
 the model the rewritten program equals bit for bit on XLA:CPU.
 
 A site's operand is seen as a matrix [M, H]: M rows (every dimension but the
@@ -39,6 +39,7 @@ from typing import Sequence
 import numpy as np
 
 from equarx_pass import quantize as qz
+from equarx_pass.formats.base import inverse, reciprocal
 
 QMAX = 7  # int4 symmetric: codes -7 .. 7
 NONFINITE_CODE = -8  # the unused int4 code: "this value was NaN or Inf"
@@ -129,8 +130,8 @@ def static_scales(ranges) -> tuple[np.ndarray, np.ndarray]:
   Both are constants of the emitted program, computed here once.  A feature
   whose range is 0 has scale 0: it always comes back as 0.
   """
-  scale = (np.asarray(ranges, np.float32) * qz.inverse(QMAX)).astype(np.float32)
-  return scale, qz.reciprocal(scale)
+  scale = (np.asarray(ranges, np.float32) * inverse(QMAX)).astype(np.float32)
+  return scale, reciprocal(scale)
 
 
 def quantize_static(x: np.ndarray, reciprocal: np.ndarray) -> np.ndarray:

@@ -12,16 +12,17 @@ import os
 import shlex
 from typing import Any, Callable, Literal, get_args
 
-from equarx_pass import quantize as qz
 from equarx_pass import rotation as rotation_lib
 from equarx_pass import scheme as scheme_lib
+from equarx_pass.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
+from equarx_pass.formats import FORMATS as FORMAT_REGISTRY
 from equarx_pass.errors import FlagError
 
 ENV_VAR = "EQUARX_FLAGS"
 DTYPES = ("bf16", "f16", "f32")
-# What the scheme flags may name: each defined once, where it is implemented.
-FORMATS = tuple(qz.FORMATS)  # quantize.py: each format's codes, scales and bits
-ALGORITHMS = scheme_lib.ALGORITHMS
+# What the scheme flags may name: the keys of the registries (formats/, algorithms/).
+FORMATS = tuple(FORMAT_REGISTRY)
+ALGORITHMS = tuple(ALGORITHM_REGISTRY)
 ROTATIONS = rotation_lib.ROTATIONS
 BLOCK_LAYOUTS = scheme_lib.BLOCK_LAYOUTS
 # Where equarx_pass.jit looks for all-reduces (partitioned.py): in the lowered
@@ -38,7 +39,7 @@ OUTLINE_MODES = get_args(Mode)
 # for equarx-opt, tpu with --equarx_compile_for=tpu:..., else cpu.
 Platform = Literal["auto", "cpu", "tpu", "gpu"]
 PLATFORMS = get_args(Platform)
-# The emitted form: tiled (tiled.py) or flat (build.py); auto = tiled wherever the
+# The emitted form: tiled or flat (forms.py); auto = tiled wherever the
 # scheme has a tiled form (it measured faster on XLA:CPU too; BUILD_NOTES, "Emitted forms").
 Form = Literal["auto", "tiled", "flat"]
 FORMS = get_args(Form)
@@ -118,7 +119,7 @@ class Policy:
       if value not in choices:
         raise FlagError(f"--equarx_{flag} must be one of {','.join(choices)}, got {value!r}")
     try:
-      scheme = self._scheme(self.block_size or BLOCK_DEFAULT, self.rotation_size)
+      scheme = self._scheme(self.block_size or self._default_block(), self.rotation_size)
     except ValueError as e:
       raise FlagError(f"inconsistent --equarx_* flags: {e}") from None
     if self.form == "tiled" and scheme.flat_only():
@@ -135,6 +136,12 @@ class Policy:
     """The quantized all-reduce this policy emits (scheme.Scheme), defaults filled in."""
     policy, _ = self.resolved()
     return policy._scheme(policy.block_size, policy.rotation_size)
+
+  def _default_block(self) -> int:
+    """Values per scale when --equarx_block_size is not given and nothing else decides:
+    the format's own block where it fixes one (mxint8: 32), else BLOCK_DEFAULT."""
+    fmt = FORMAT_REGISTRY.get(self.format)
+    return fmt.block if fmt is not None and fmt.block else BLOCK_DEFAULT
 
   def _scheme(self, block_size: int, rotation_size: int) -> scheme_lib.Scheme:
     return scheme_lib.Scheme(
@@ -169,15 +176,20 @@ class Policy:
 
     Tiled: the rotation size defaults to 128 and the block size to one rotation (else
     1024); on CPU the forward rotation is the model's butterflies, elsewhere a matmul
-    (rewrite.py).  Flat: block 1024 and the scheme's own rotation size.
+    (rewrite.py).  Flat: block 1024 and the scheme's own rotation size.  A format that
+    fixes its block (mxint8) has that block in both forms.
     """
-    flat_only = self._scheme(self.block_size or BLOCK_DEFAULT, self.rotation_size).flat_only()
+    default = self._default_block()
+    flat_only = self._scheme(self.block_size or default, self.rotation_size).flat_only()
     why = "--equarx_form=flat" if self.form == "flat" else flat_only
     if why:
-      return self.replace(block_size=self.block_size or BLOCK_DEFAULT), why
+      return self.replace(block_size=self.block_size or default), why
     one_rotation = max(ROTATION_SIZE_TILED, self.rotation_size)
     rotating = self.rotation != rotation_lib.NONE
-    block = self.block_size or (one_rotation if rotating else BLOCK_DEFAULT)
+    if FORMAT_REGISTRY[self.format].block:  # the format fixes its block
+      block = self.block_size or default
+    else:
+      block = self.block_size or (one_rotation if rotating else BLOCK_DEFAULT)
     rotation_size = self.rotation_size
     if rotating and not rotation_size and block % ROTATION_SIZE_TILED == 0:
       rotation_size = ROTATION_SIZE_TILED

@@ -1,11 +1,14 @@
 """Block-wise symmetric quantization: the NumPy model of what the rewrite emits.
 
-No MLIR here. `build.py` emits exactly these operations, in this order, so the
-program's bits can be compared with this model (tests/test_ring_model.py and
-the end-to-end tests).
+This module uses no MLIR. `quantize_emit.py` emits exactly these operations, in this
+order, so the program's bits can be compared with this model (tests/test_ring_model.py
+and the end-to-end tests).  What differs between formats (the scale from the absmax,
+values to codes and back, the scale's bytes) is the format object's (formats/); this
+is the block codec around it: blocks, the absmax, the clamp, int4 nibble pairing.
 
-Symmetric absmax, one f32 scale per block of B values, for a format whose
-largest code is QMAX (int8: 127, int4: 7, fp8 e4m3: 448, fp8 e5m2: 57344):
+Symmetric absmax, one scale per block of B values, for a format whose largest code is
+QMAX (int8: 127, int4: 7, fp8 e4m3: 448, fp8 e5m2: 57344; mxint8 has its own
+power-of-two scales, formats/mx.py):
   Qp1 (block metadata):  amax = max|x| (NaN counted as inf),  scale = amax * f32(1/QMAX)
   Qp2 (scale and cast):  v = clamp(x * min(f32(1 / safe), FLT_MAX), -QMAX, QMAX)
                           where safe = scale if scale > 0 else 1
@@ -28,7 +31,7 @@ Subnormals: the model is IEEE arithmetic, but XLA:CPU runs f32 with subnormals
 flushed to zero (and TPUs have none), so bits match the model only while no
 scale or partial sum is subnormal: a block's absmax of 0 or at least about
 127 * 2^-126 (1.5e-36).  Below that the program's values differ from the model's
-by at most the block absmaxes involved, far inside ring.error_bound's slack.
+by at most the block absmaxes involved, far inside the error bound's slack (ring.error_bound).
 
 Why `safe`: a block of zeros has scale 0 and 0/0 would be NaN; with safe = 1 the
 block quantizes to q = 0 and dequantizes to exactly 0.  A non-finite block has a
@@ -38,77 +41,29 @@ non-finite scale (NaN or Inf), so every dequantized value of it is non-finite
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
-INT8_MAX = 127
-FLT_MAX = np.float32(np.finfo(np.float32).max)
+from equarx_pass.formats import INT8, Format
 
 
-def inverse(qmax) -> np.float32:
-  """f32(1/qmax): the constant the scale is multiplied by."""
-  return np.float32(1.0 / qmax)
-
-
-@dataclasses.dataclass(frozen=True)
-class Format:
-  """A wire format: codes of `bits` bits, one f32 scale per block riding with them."""
-
-  name: str
-  bits: int  # 8, or 4 (two codes per byte)
-  qmax: float  # largest code magnitude
-  fp8: str | None = None  # ml_dtypes name for fp8 formats; None for integers
-  scale_bytes: int = 4
-
-  def code_bytes(self, num_values: int) -> int:
-    return num_values * self.bits // 8
-
-  def payload_bytes(self, num_values: int, num_blocks: int) -> int:
-    return self.code_bytes(num_values) + self.scale_bytes * num_blocks
-
-  @property
-  def numpy_fp8(self):
-    import ml_dtypes
-
-    return getattr(ml_dtypes, self.fp8)
-
-
-INT8 = Format("int8", 8, INT8_MAX)
-INT4 = Format("int4", 4, 7)
-FP8_E4M3 = Format("fp8_e4m3", 8, 448.0, "float8_e4m3fn")
-FP8_E5M2 = Format("fp8_e5m2", 8, 57344.0, "float8_e5m2")
-FORMATS = {f.name: f for f in (INT8, INT4, FP8_E4M3, FP8_E5M2)}
-
-
-def block_scales(x: np.ndarray, block_size: int, qmax=INT8_MAX) -> np.ndarray:
-  """Qp1: one f32 scale per block of the last axis (length divisible by block_size)."""
+def block_amax(x: np.ndarray, block_size: int) -> np.ndarray:
+  """Qp1's reduction: each block's absmax, f32 [..., blocks] (last axis in blocks)."""
   x = np.asarray(x, np.float32)
   blocks = x.reshape(x.shape[:-1] + (x.shape[-1] // block_size, block_size))
   # NaN counts as +inf: XLA:CPU may run a large max-reduction in a kernel
   # (YNNPACK) whose max drops NaN, but every max keeps an inf; an infinite scale
   # makes every dequantized value of the block non-finite all the same.
   magnitude = np.where(np.isnan(blocks), np.float32(np.inf), np.abs(blocks))
-  amax = np.max(magnitude, axis=-1)
-  return (amax * inverse(qmax)).astype(np.float32)
-
-
-def reciprocal(scale) -> np.ndarray:
-  """Qp2's multiplier, f32: min(1 / safe, FLT_MAX) with safe = scale where > 0, else 1
-  (a zero block divides by 1 and stays 0; a tiny scale cannot make 0 * inf)."""
-  scale = np.asarray(scale, np.float32)
-  with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-    safe = np.where(scale > 0, scale, np.float32(1)).astype(np.float32)
-    return np.minimum((np.float32(1) / safe).astype(np.float32), FLT_MAX).astype(np.float32)
+  return np.max(magnitude, axis=-1)
 
 
 def _scaled(x: np.ndarray, block_size: int, fmt: Format):
   """Qp1 and the scale-and-clamp half of Qp2: (v f32 [..., blocks, B], scale)."""
   x = np.asarray(x, np.float32)
-  scale = block_scales(x, block_size, fmt.qmax)
+  scale, recip = fmt.scales(block_amax(x, block_size))
   blocks = x.reshape(scale.shape + (block_size,))
   with np.errstate(invalid="ignore", over="ignore"):
-    v = (blocks * reciprocal(scale)[..., None]).astype(np.float32)
+    v = (blocks * recip[..., None]).astype(np.float32)
     v = np.clip(v, np.float32(-fmt.qmax), np.float32(fmt.qmax))
   return v, scale
 
@@ -167,12 +122,7 @@ def quantize(x: np.ndarray, block_size: int, fmt: Format = INT8):
   """
   x = np.asarray(x, np.float32)
   v, scale = _scaled(x, block_size, fmt)
-  if fmt.fp8:
-    codes = v.astype(fmt.numpy_fp8).view(np.int8)
-    return codes.reshape(x.shape), scale
-  with np.errstate(invalid="ignore"):
-    # XLA converts NaN to 0 when casting to an integer; the NaN survives in the scale.
-    q = np.where(np.isnan(v), np.float32(0), np.rint(v)).astype(np.int8).reshape(x.shape)
+  q = fmt.encode(v).reshape(x.shape)
   if fmt.bits == 4:
     q = pack_int4(q, nibble_group(block_size, x.shape[-1]))
   return q, scale
@@ -182,11 +132,9 @@ def codes_to_f32(codes: np.ndarray, fmt: Format, block_size: int) -> np.ndarray:
   """Unpack codes (int8 array, as quantize made them with this block size) into
   f32 code values, one per value."""
   codes = np.asarray(codes, np.int8)
-  if fmt.fp8:
-    return codes.view(fmt.numpy_fp8).astype(np.float32)
   if fmt.bits == 4:
-    return unpack_int4(codes, nibble_group(block_size, 2 * codes.shape[-1])).astype(np.float32)
-  return codes.astype(np.float32)
+    codes = unpack_int4(codes, nibble_group(block_size, 2 * codes.shape[-1]))
+  return fmt.decode(codes)
 
 
 def dequantize(q: np.ndarray, scale: np.ndarray, block_size: int, fmt: Format = INT8) -> np.ndarray:

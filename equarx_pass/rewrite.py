@@ -1,7 +1,8 @@
 """rewrite + verify: replace every selected all-reduce, on a copy, and check the result.
 
 `rewrite_module` never mutates its input.  It copies the module, matches every
-all-reduce (match.py), emits the quantized ring for each candidate (build.py) in
+all-reduce (match.py), emits the quantized all-reduce for each candidate (its
+algorithm's emitter, algorithms/; the calibrated scheme's, outlier_emit.py) in
 place of the all-reduce or, with --equarx_outline, into a private function called
 there, verifies the copy, and returns it with one SiteRecord per all-reduce.  Any
 failure raises and the half-rewritten copy is dropped, so a caller only ever
@@ -20,7 +21,10 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import build, calibration, match, outlier, tiled
+from equarx_pass import calibration, match, outlier
+from equarx_pass.forms import SitePlan
+from equarx_pass.hlo_builder import ChannelAllocator
+from equarx_pass.outlier_emit import CalibratedPlan, emit_calibrated_allreduce
 from equarx_pass.errors import InternalError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
@@ -143,7 +147,7 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
   calibrated = {} if policy.identity else _calibrated_plans(candidates, policy, records)
   if candidates:
-    channels = build.ChannelAllocator(match.max_channel_handle(out))
+    channels = ChannelAllocator(match.max_channel_handle(out))
     with out.context:
       for cand in candidates:
         if policy.identity:
@@ -173,26 +177,26 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
 
 def _replace(
   cand: match.Candidate,
-  channels: build.ChannelAllocator,
+  channels: ChannelAllocator,
   policy: Policy,
   outline_into: ir.Module | None,
   tiled_form: bool,
   matmul_rotation: bool,
 ) -> None:
-  plan = build.RingPlan(
+  scheme = policy.scheme
+  plan = SitePlan(
     cand.layout,
     cand.schedule,
     cand.site.device_kind,
     cand.site.num_devices,
-    policy.scheme,
+    scheme,
     unrolled=cand.site.nbytes >= policy.unroll_min_bytes,
     matmul_rotation=matmul_rotation,
   )
-  emit = tiled.emit if tiled_form else build.emit_allreduce
   _emit_in_place(
     cand,
-    lambda operands: emit(operands, plan, channels),
-    "the quantized ring",
+    lambda operands: scheme.algo.emit(operands, plan, channels, tiled_form),
+    f"the quantized {scheme.algorithm} all-reduce",
     "rerun without --equarx_enable or exclude it with --equarx_max_bytes/--equarx_dtypes",
     outline_into,
   )
@@ -304,7 +308,7 @@ def _fresh_symbol(module: ir.Module, base: str) -> str:
 
 def _calibrated_plans(
   candidates: list[match.Candidate], policy: Policy, records: list[SiteRecord]
-) -> dict[int, build.CalibratedPlan]:
+) -> dict[int, CalibratedPlan]:
   """With --equarx_calibration: the calibrated plan of every candidate found in the
   file (its record updated); the others keep the dynamic scheme, and their record
   says why they are not calibrated."""
@@ -349,7 +353,7 @@ def _calibrated_plans(
 
 def _calibrated_plan(
   cand: match.Candidate, entry: calibration.SiteCalibration, clip: float
-) -> build.CalibratedPlan:
+) -> CalibratedPlan:
   site = cand.site
   outliers = entry.outliers()
   layout = outlier.make_layout(site.operands[0].shape, site.group_size, outliers)
@@ -361,7 +365,7 @@ def _calibrated_plan(
   out_scale, out_reciprocal = zip(
     *(outlier.static_scales(np.asarray(g.out_ranges, np.float32)[normal]) for g in per_group)
   )
-  return build.CalibratedPlan(
+  return CalibratedPlan(
     layout,
     cand.schedule,
     site.device_kind,
@@ -375,13 +379,13 @@ def _calibrated_plan(
 
 def _replace_calibrated(
   cand: match.Candidate,
-  channels: build.ChannelAllocator,
-  plan: build.CalibratedPlan,
+  channels: ChannelAllocator,
+  plan: CalibratedPlan,
   outline_into: ir.Module | None,
 ) -> None:
   _emit_in_place(
     cand,
-    lambda operands: build.emit_calibrated_allreduce(operands, plan, channels),
+    lambda operands: emit_calibrated_allreduce(operands, plan, channels),
     "the calibrated scheme",
     "rerun without --equarx_calibration",
     outline_into,

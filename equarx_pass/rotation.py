@@ -1,4 +1,4 @@
-"""Block-wise Walsh-Hadamard rotation: the NumPy model of what build.py emits.
+"""Block-wise Walsh-Hadamard rotation: the NumPy model of what rotation_emit.py emits.
 
 Rotating every rank's input with the same orthonormal matrix H before the
 quantized all-reduce, and rotating the result back, gives the same all-reduce

@@ -14,12 +14,11 @@ from typing import Sequence
 import numpy as np
 
 from equarx_pass import quantize as qz
-from equarx_pass import ring, rotation, two_shot
+from equarx_pass import rotation
+from equarx_pass.algorithms import ALGORITHMS, Algorithm
+from equarx_pass.formats import FORMATS, Format
+from equarx_pass.layout import GRID_SCALES, ChunkLayout, chunk_layout, pad_chunks, unpad
 
-RING = "ring"
-TWO_SHOT = "two_shot"
-BIDIRECTIONAL = "bidirectional"
-ALGORITHMS = (RING, TWO_SHOT, BIDIRECTIONAL)
 BLOCK_LAYOUTS = ("fixed", "grid")
 GRID_ROTATION_SIZE = 128
 
@@ -36,7 +35,7 @@ class Lane:
 
 @dataclasses.dataclass(frozen=True)
 class Scheme:
-  algorithm: str = RING
+  algorithm: str = "ring"
   format: str = "int8"
   block_size: int = 1024
   block_layout: str = "fixed"  # "grid": 8 x 128 scales per chunk (the paper's)
@@ -47,12 +46,18 @@ class Scheme:
   def __post_init__(self):
     if self.algorithm not in ALGORITHMS:
       raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
-    if self.format not in qz.FORMATS:
-      raise ValueError(f"format must be one of {', '.join(qz.FORMATS)}, got {self.format!r}")
+    if self.format not in FORMATS:
+      raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {self.format!r}")
     if self.block_layout not in BLOCK_LAYOUTS:
       raise ValueError(f"block layout must be fixed or grid, got {self.block_layout!r}")
     if self.rotation not in rotation.ROTATIONS:
       raise ValueError(f"rotation must be none or hadamard, got {self.rotation!r}")
+    fixed = self.fmt.block
+    if fixed and (self.block_layout != "fixed" or self.block_size != fixed):
+      raise ValueError(
+        f"{self.format} has one scale per {fixed} values: the block size must be {fixed} "
+        f"(or left to the default) and the block layout fixed"
+      )
     if self.rotation != rotation.NONE:
       size = self.resolved_rotation_size
       rotation.check_size(size)
@@ -61,11 +66,11 @@ class Scheme:
           f"the rotation size ({size}) must divide the block size "
           f"({self.block_size}): a rotation block must share one scale"
         )
-    if self.microshards < 1 or ring.GRID_SCALES % self.microshards:
-      raise ValueError(f"microshards must divide {ring.GRID_SCALES}, got {self.microshards}")
-    if self.microshards > 1 and self.algorithm == TWO_SHOT:
-      raise ValueError("microshards apply to the ring algorithms, not two_shot")
-    if self.format == "int4" and self.block_layout == "fixed" and self.block_size % 2:
+    if self.microshards < 1 or GRID_SCALES % self.microshards:
+      raise ValueError(f"microshards must divide {GRID_SCALES}, got {self.microshards}")
+    if self.microshards > 1 and not self.algo.takes_microshards:
+      raise ValueError(f"microshards apply to the ring algorithms, not {self.algorithm}")
+    if self.fmt.bits == 4 and self.block_layout == "fixed" and self.block_size % 2:
       raise ValueError(
         f"int4 packs two values per byte: the block size must be even, got {self.block_size}"
       )
@@ -73,11 +78,11 @@ class Scheme:
       # A grid chunk is 1024 blocks of chunk / 1024 values, which may be odd: each lane
       # needs whole blocks, and for int4 an even number of values, so two blocks or more.
       lanes = self.microshards * self.directions
-      most = ring.GRID_SCALES // (2 if self.format == "int4" else 1)
+      most = GRID_SCALES // (2 if self.fmt.bits == 4 else 1)
       if lanes > most:
         raise ValueError(
-          f"the grid layout's {ring.GRID_SCALES} blocks per chunk allow at most "
-          f"{most} lanes ({'two blocks' if most < ring.GRID_SCALES else 'one block'}"
+          f"the grid layout's {GRID_SCALES} blocks per chunk allow at most "
+          f"{most} lanes ({'two blocks' if most < GRID_SCALES else 'one block'}"
           f" each) for {self.format}; microshards x directions = {lanes}"
         )
 
@@ -92,16 +97,20 @@ class Scheme:
     return min(self.block_size & -self.block_size, 4096)
 
   @property
-  def fmt(self) -> qz.Format:
-    return qz.FORMATS[self.format]
+  def fmt(self) -> Format:
+    return FORMATS[self.format]
+
+  @property
+  def algo(self) -> Algorithm:
+    return ALGORITHMS[self.algorithm]
 
   @property
   def directions(self) -> int:
-    return 2 if self.algorithm == BIDIRECTIONAL else 1
+    return self.algo.directions
 
-  def layout(self, num_values: int, group_size: int) -> ring.ChunkLayout:
+  def layout(self, num_values: int, group_size: int) -> ChunkLayout:
     rot = self.resolved_rotation_size if self.rotation != rotation.NONE else 0
-    return ring.chunk_layout(
+    return chunk_layout(
       num_values,
       group_size,
       self.block_size,
@@ -110,28 +119,23 @@ class Scheme:
       self.block_layout == "grid",
     )
 
-  def lanes(self, layout: ring.ChunkLayout) -> list[Lane]:
+  def lanes(self, layout: ChunkLayout) -> list[Lane]:
     """Chunk slices in order: the first half clockwise, the second counter-clockwise."""
     count = self.microshards * self.directions
     size = layout.chunk // count
     return [Lane(1 if i < self.microshards else -1, i * size, size) for i in range(count)]
 
-  def wire_bytes(self, layout: ring.ChunkLayout) -> int:
-    """Bytes one rank sends for a site of `layout`: what the report prices and
-    tools/wire_bytes.py counts from the emitted collectives.  The ring forwards 2(N-1)
-    quantized chunks (bidirectional: each direction a share of every chunk); two-shot
-    sends N-1 in its all-to-all and N-1 in its all-gather, the same bytes."""
-    n = layout.group_size
-    chunk_bytes = self.fmt.payload_bytes(layout.chunk, layout.blocks)
-    if self.algorithm == TWO_SHOT:
-      return (n - 1) * chunk_bytes + (n - 1) * chunk_bytes
-    return 2 * (n - 1) * chunk_bytes
+  def wire_bytes(self, layout: ChunkLayout) -> int:
+    """Bytes one rank sends for a site of `layout`, as the algorithm sends them: what
+    the report prices and tools/wire_bytes.py counts from the emitted collectives."""
+    return self.algo.wire_bytes(layout, self.fmt)
 
   def flat_only(self) -> str | None:
-    """Why this scheme has no tiled form (tiled.py), so the flat one (build.py) is
-    emitted; None when it has one."""
-    if self.algorithm not in (TWO_SHOT, RING):
-      return f"the tiled form is two_shot's and ring's; {self.algorithm} is emitted flat"
+    """Why this scheme has no tiled form, so the flat one is emitted (forms.py); None
+    when it has one."""
+    if not self.algo.has_tiled_form:
+      tiled = " and ".join(f"{name}'s" for name, a in ALGORITHMS.items() if a.has_tiled_form)
+      return f"the tiled form is {tiled}; {self.algorithm} is emitted flat"
     if self.microshards > 1:
       return "the tiled ring has one lane; microshards are emitted flat"
     if self.block_layout != "fixed":
@@ -147,7 +151,7 @@ class Scheme:
       parts.append(f"{self.microshards} microshards")
     return ", ".join(parts)
 
-  def bits_per_value(self, layout: ring.ChunkLayout) -> float:
+  def bits_per_value(self, layout: ChunkLayout) -> float:
     return 8 * self.fmt.payload_bytes(layout.chunk, layout.blocks) / layout.chunk
 
 
@@ -163,7 +167,7 @@ def reference(inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype=None) -> l
   shape = np.shape(inputs[0])
   out_dtype = out_dtype or np.asarray(inputs[0]).dtype
   layout = scheme.layout(int(np.prod(shape, dtype=np.int64)), n)
-  x = [ring.pad_chunks(v, layout) for v in inputs]
+  x = [pad_chunks(v, layout) for v in inputs]
   rotating = scheme.rotation != rotation.NONE
   if rotating:
     x = [rotation.hadamard(v, scheme.resolved_rotation_size).reshape(v.shape) for v in x]
@@ -175,15 +179,5 @@ def reference(inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype=None) -> l
       )
     return qz.dequantize(codes, scales, layout.block, scheme.fmt)
 
-  if scheme.algorithm == TWO_SHOT:
-    out = [finish(q, s) for q, s in two_shot.two_shot_chunks(x, layout.block, scheme.fmt)]
-  else:
-    out = [np.zeros_like(v) for v in x]
-    for lane in scheme.lanes(layout):
-      cols = slice(lane.offset, lane.offset + lane.size)
-      # Counter-clockwise is the clockwise ring over the ranks in reverse order.
-      order = list(range(n)) if lane.direction == 1 else list(range(n))[::-1]
-      res = ring.ring_chunks([x[r][:, cols] for r in order], layout.block, scheme.fmt)
-      for pos, r in enumerate(order):
-        out[r][:, cols] = finish(*res[pos])
-  return [ring.unpad(v, layout, shape, out_dtype) for v in out]
+  out = scheme.algo.reference(x, scheme, layout, finish)
+  return [unpad(v, layout, shape, out_dtype) for v in out]

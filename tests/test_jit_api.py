@@ -10,7 +10,7 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_pass
 from equarx_pass import policy as policy_lib
-from equarx_pass import ring
+from equarx_pass.algorithms import ring
 
 MESH = Mesh(np.array(jax.devices()).reshape(8), ("x",))
 SHARDED = NamedSharding(MESH, P("x"))

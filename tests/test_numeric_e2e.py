@@ -22,7 +22,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import _jax_private, parse, ring
+from equarx_pass import _jax_private, parse
+from equarx_pass.algorithms import ring
 from equarx_pass.policy import Policy
 from bitwise import assert_same_bits, bits
 from meshes import ring_groups

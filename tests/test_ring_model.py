@@ -1,4 +1,5 @@
-"""Unit and property tests of the NumPy model: quantize.py and ring.py (no JAX, no MLIR).
+"""Unit and property tests of the NumPy models: quantize.py, the formats, layout.py and
+the ring's model (algorithms/ring.py); no JAX program runs here.
 
 The end-to-end tests compare the rewritten programs with this model bit for bit,
 so the model itself is checked here against independent references: symbolic
@@ -17,8 +18,11 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+from equarx_pass import formats
+from equarx_pass import layout as layout_lib
 from equarx_pass import quantize as qz
-from equarx_pass import ring
+from equarx_pass.algorithms import ring
+from equarx_pass.formats.base import inverse
 
 F32_MAX = float(np.finfo(np.float32).max)
 finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
@@ -38,7 +42,7 @@ finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)
 @example(num_values=8 * 1024 + 1, group_size=8, block_size=1024)
 @example(num_values=7, group_size=8, block_size=1024)
 def test_chunk_layout_invariants(num_values, group_size, block_size):
-  lay = ring.chunk_layout(num_values, group_size, block_size)
+  lay = layout_lib.chunk_layout(num_values, group_size, block_size)
   assert (lay.num_values, lay.group_size) == (num_values, group_size)
   assert lay.chunk % lay.block == 0 and lay.blocks * lay.block == lay.chunk
   assert lay.padded == group_size * lay.chunk >= num_values
@@ -57,9 +61,9 @@ def test_chunk_layout_invariants(num_values, group_size, block_size):
 
 def test_chunk_layout_rejects_bad_sizes():
   with pytest.raises(ValueError):
-    ring.chunk_layout(10, 0, 1024)
+    layout_lib.chunk_layout(10, 0, 1024)
   with pytest.raises(ValueError):
-    ring.chunk_layout(10, 8, 0)
+    layout_lib.chunk_layout(10, 8, 0)
 
 
 # --- ring schedule ------------------------------------------------------------
@@ -77,7 +81,7 @@ def device_groups(draw):
 @settings(max_examples=200, deadline=None)
 @given(groups=device_groups(), direction=st.sampled_from([1, -1]))
 def test_source_target_pairs_permute_within_each_group(groups, direction):
-  sched = ring.make_schedule(groups)
+  sched = layout_lib.make_schedule(groups)
   pairs = sched.source_target_pairs(direction)
   group_of = {d: gi for gi, g in enumerate(groups) for d in g}
   members = sorted(group_of)
@@ -97,14 +101,13 @@ def test_source_target_pairs_permute_within_each_group(groups, direction):
 @given(n=st.integers(1, 16))
 def test_reduce_scatter_schedule_sums_each_chunk_once(n):
   """Symbolic run: a partial is (chunk index, Counter of ranks that contributed)."""
-  sched = ring.make_schedule([list(range(n))])
   partial = [(r, collections.Counter([r])) for r in range(n)]
   for step in range(n - 1):
     received = [partial[(r - 1) % n] for r in range(n)]  # everyone sends to r + 1
     partial = []
     for r in range(n):
       chunk, contributors = received[r]
-      local = sched.reduce_scatter_chunk(r, step)
+      local = ring.reduce_scatter_chunk(r, step, n)
       # The received partial must be of the chunk the receiver adds its piece of.
       assert chunk == local
       assert contributors[r] == 0
@@ -112,20 +115,19 @@ def test_reduce_scatter_schedule_sums_each_chunk_once(n):
   owned = [chunk for chunk, _ in partial]
   assert sorted(owned) == list(range(n))
   for r, (chunk, contributors) in enumerate(partial):
-    assert chunk == sched.owned_chunk(r)
+    assert chunk == ring.owned_chunk(r, n)
     assert contributors == collections.Counter(range(n))
 
 
 @settings(max_examples=50, deadline=None)
 @given(n=st.integers(1, 16))
 def test_all_gather_schedule_delivers_every_chunk_once(n):
-  sched = ring.make_schedule([list(range(n))])
-  holds = [collections.Counter([sched.owned_chunk(r)]) for r in range(n)]
-  current = [sched.owned_chunk(r) for r in range(n)]
+  holds = [collections.Counter([ring.owned_chunk(r, n)]) for r in range(n)]
+  current = [ring.owned_chunk(r, n) for r in range(n)]
   for step in range(n - 1):
     current = [current[(r - 1) % n] for r in range(n)]
     for r in range(n):
-      assert current[r] == sched.all_gather_chunk(r, step)
+      assert current[r] == ring.all_gather_chunk(r, step, n)
       holds[r][current[r]] += 1
   for r in range(n):
     assert holds[r] == collections.Counter(range(n))
@@ -134,17 +136,16 @@ def test_all_gather_schedule_delivers_every_chunk_once(n):
 def test_make_schedule_rejects_bad_groups():
   for bad in ([], [[]], [[0, 1], [2]], [[0, 1], [1, 2]], [[-1, 0]]):
     with pytest.raises(ValueError):
-      ring.make_schedule(bad)
+      layout_lib.make_schedule(bad)
 
 
 def test_wire_bytes_match_the_design_figures():
   # 8 + 32/1024 bits per value against bf16's 16: at most 1.99x less.
-  lay = ring.chunk_layout(8 * 64 * 1024, 8, 1024)
-  wb = ring.ring_wire_bytes(lay, 2)
-  assert wb.before == 14 * 64 * 1024 * 2
-  assert wb.after == 14 * (64 * 1024 + 4 * 64)
-  assert wb.ratio == pytest.approx(16 / (8 + 32 / 1024))
-  assert ring.ring_wire_bytes(lay, 4).ratio == pytest.approx(32 / (8 + 32 / 1024))
+  lay = layout_lib.chunk_layout(8 * 64 * 1024, 8, 1024)
+  after = ring.RING.wire_bytes(lay, formats.INT8)
+  bf16_ring = 14 * 64 * 1024 * 2
+  assert after == 14 * (64 * 1024 + 4 * 64)
+  assert bf16_ring / after == pytest.approx(16 / (8 + 32 / 1024))
 
 
 # --- quantize -----------------------------------------------------------------
@@ -183,9 +184,9 @@ def test_quantize_dequantize_error_within_half_step(data):
   q, scale = qz.quantize(x, block)
   assert q.dtype == np.int8 and q.shape == x.shape
   assert scale.dtype == np.float32 and scale.shape == (x.size // block,)
-  assert np.all(np.abs(q.astype(np.int32)) <= qz.INT8_MAX)
+  assert np.all(np.abs(q.astype(np.int32)) <= formats.INT8.qmax)
   blocks = x.reshape(-1, block)
-  np.testing.assert_array_equal(scale, np.max(np.abs(blocks), 1) * qz.inverse(127))
+  np.testing.assert_array_equal(scale, np.max(np.abs(blocks), 1) * inverse(127))
   out = qz.dequantize(q, scale, block)
   assert out.dtype == np.float32 and out.shape == x.shape
   err = np.abs(out.astype(np.float64) - x.astype(np.float64)).reshape(-1, block)
@@ -264,18 +265,18 @@ def test_int4_codes_pair_the_halves_of_a_row_or_of_its_one_block():
   assert qz.nibble_group(128, 256) == 256 and qz.nibble_group(128, 1024) == 1024
   assert qz.nibble_group(128, 128) == 128 and qz.nibble_group(128, 384) == 128
   x = np.array([7, 0, -7, 7], np.float32)  # one block of 4: codes = values
-  q, scale = qz.quantize(x, 4, qz.INT4)
-  assert scale[0] == np.float32(7) * qz.inverse(7)
+  q, scale = qz.quantize(x, 4, formats.INT4)
+  assert scale[0] == np.float32(7) * inverse(7)
   # Value 0 (7) low and value 2 (-7) high in byte 0; value 1 (0) low and value 3 (7) high in byte 1.
   np.testing.assert_array_equal(q.view(np.uint8), [0x7 | (0x9 << 4), 0x0 | (0x7 << 4)])
-  np.testing.assert_array_equal(qz.codes_to_f32(q, qz.INT4, 4), [7, 0, -7, 7])
+  np.testing.assert_array_equal(qz.codes_to_f32(q, formats.INT4, 4), [7, 0, -7, 7])
   # Two blocks of 2 (an even number): the row's halves pair, block 0 low, block 1 high.
-  q2, scale2 = qz.quantize(np.array([7, -7, 0, 7], np.float32), 2, qz.INT4)
+  q2, scale2 = qz.quantize(np.array([7, -7, 0, 7], np.float32), 2, formats.INT4)
   assert scale2.shape == (2,)
   np.testing.assert_array_equal(q2.view(np.uint8), [0x7 | (0x0 << 4), 0x9 | (0x7 << 4)])
-  np.testing.assert_array_equal(qz.codes_to_f32(q2, qz.INT4, 2), [7, -7, 0, 7])
+  np.testing.assert_array_equal(qz.codes_to_f32(q2, formats.INT4, 2), [7, -7, 0, 7])
   # Rows are paired one by one: [2, 4] values pack to [2, 2] bytes, each row its halves.
-  rows, _ = qz.quantize(np.array([[7, -7, 0, 7], [0, 7, 7, -7]], np.float32), 2, qz.INT4)
+  rows, _ = qz.quantize(np.array([[7, -7, 0, 7], [0, 7, 7, -7]], np.float32), 2, formats.INT4)
   np.testing.assert_array_equal(rows.view(np.uint8), [[0x07, 0x79], [0x70, 0x97]])
 
 

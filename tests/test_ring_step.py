@@ -1,4 +1,4 @@
-"""The ring step alone (build.emit_ring_step, as tools/bench_gpu_step.py times it)
+"""The ring step alone (ring.emit_ring_step, as tools/bench_gpu_step.py times it)
 equals the NumPy model bit for bit on XLA:CPU, and the tool's probe of the backend's
 arithmetic sees what the model assumes there: correctly rounded 1/x and an FMA."""
 
@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from equarx_pass import quantize as qz
+from equarx_pass.formats import FORMATS
 
 sys.path.insert(
   0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
@@ -27,7 +28,7 @@ def _payload(rng, fmt):
 
 @pytest.mark.parametrize("fmt_name", ["int8", "int4", "fp8_e4m3"])
 def test_emitted_step_equals_model(fmt_name):
-  fmt = qz.FORMATS[fmt_name]
+  fmt = FORMATS[fmt_name]
   rng = np.random.default_rng(3)
   step, payload_bytes = bench_gpu_step.step_program(jax, VALUES, BLOCK, fmt)
   payload = _payload(rng, fmt)
@@ -38,7 +39,7 @@ def test_emitted_step_equals_model(fmt_name):
 
 
 def test_compare_reports_a_wrong_code():
-  fmt = qz.FORMATS["int8"]
+  fmt = FORMATS["int8"]
   rng = np.random.default_rng(4)
   payload = _payload(rng, fmt)
   local = rng.standard_normal((1, VALUES), dtype=np.float32)

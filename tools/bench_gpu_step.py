@@ -6,7 +6,7 @@
 The GPU step: between two collective-permutes, every ring step dequantizes
 the chunk it received, adds its own f32 chunk and quantizes the sum for the next
 hop.  This tool emits exactly those ops with the pass's own emitter
-(`build.emit_ring_step`, the body of the reduce-scatter loop without the permute),
+(`ring.emit_ring_step` in equarx_pass/algorithms/ring.py, the body of the reduce-scatter loop without the permute),
 compiles them for the device alone and times them for large chunks, next to:
   - the device's copy bandwidth (a jitted f32 negate: one read and one write, the
     cheapest pass over the chunk), measured in the same run;
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 
 SIZES = ["1M", "4M", "16M", "64M"]  # values per chunk
-FORMATS = ["int8", "int4", "fp8_e4m3"]
+FORMAT_NAMES = ["int8", "int4", "fp8_e4m3"]
 LINKS = {"450 GB/s": 450e9, "100 Gbit/s": 100e9 / 8, "1 Gbit/s": 1e9 / 8}
 
 
@@ -39,7 +39,8 @@ def step_program(jax, c: int, block: int, fmt):
   from jax.extend.mlir import ir
   from jax.extend.mlir.dialects import func
 
-  from equarx_pass import _jax_private, build, match
+  from equarx_pass import _jax_private, match
+  from equarx_pass.algorithms import ring
 
   p = fmt.payload_bytes(c, c // block)
   payload_spec = jax.ShapeDtypeStruct((1, p), jnp.int8)
@@ -53,7 +54,7 @@ def step_program(jax, c: int, block: int, fmt):
   for op in list(block_.operations):
     op.erase()
   with module.context, ir.Location.unknown(), ir.InsertionPoint(block_):
-    out = build.emit_ring_step(block_.arguments[0], block_.arguments[1], block, fmt)
+    out = ring.emit_ring_step(block_.arguments[0], block_.arguments[1], block, fmt)
     func.ReturnOp([out])
   if not module.operation.verify():
     raise RuntimeError("step module failed verification")
@@ -150,7 +151,7 @@ def backend_arithmetic(jax) -> dict:
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--sizes", nargs="+", default=SIZES, help="values per chunk (K/M suffixes)")
-  ap.add_argument("--formats", nargs="+", default=FORMATS)
+  ap.add_argument("--formats", nargs="+", default=FORMAT_NAMES)
   ap.add_argument("--block", type=int, default=1024)
   ap.add_argument("--calls", type=int, default=20)
   ap.add_argument("--platform", default="cpu", help="JAX platform: cpu, cuda, ...")
@@ -164,6 +165,7 @@ def main() -> int:
   import numpy as np
 
   from equarx_pass import quantize as qz
+  from equarx_pass.formats import FORMATS
 
   device = jax.devices()[0]
   print(f"device: {device.platform} {device.device_kind}", flush=True)
@@ -179,7 +181,7 @@ def main() -> int:
     copy_s = timed(negate, (local_dev,), args.calls)
     copy_gbs = 2 * 4 * c / copy_s / 1e9
     for fmt_name in args.formats:
-      fmt = qz.FORMATS[fmt_name]
+      fmt = FORMATS[fmt_name]
       step, p = step_program(jax, c, args.block, fmt)
       if args.hlo_dir:
         os.makedirs(args.hlo_dir, exist_ok=True)

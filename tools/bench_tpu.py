@@ -7,7 +7,7 @@ No TPU is used or needed: libtpu compiles ahead of time for a named topology
 (equarx_pass.tpu_aot.compile_for_target).  For each topology, message size and dtype,
 a psum of a flat array over all chips is compiled as it is and rewritten by each
 scheme in the form the pass emits for TPU (--equarx_platform=tpu: the tiled forms of
-two-shot and the ring, tiled.py; --form flat for build.py's flat form).  Reported, all of it COMPILER ESTIMATES, not measurements:
+two-shot and the ring; --form flat for the flat form).  Reported, all of it COMPILER ESTIMATES, not measurements:
 
   optimal_seconds   the TPU compiler's cost_analysis() estimate for one run
   flops, bytes accessed   the same cost analysis (on-chip work and HBM traffic)
@@ -156,7 +156,7 @@ def main() -> int:
     default="auto",
     choices=["auto", "flat"],
     help="the emitted form: auto (what a TPU gets: tiled where the scheme has a tiled "
-    "form) or flat (build.py's, for comparison)",
+    "form) or flat (for comparison)",
   )
   ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "tpu.json"))
   args = ap.parse_args()

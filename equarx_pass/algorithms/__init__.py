@@ -1,0 +1,28 @@
+"""The all-reduce algorithms, by name: each is one object (algorithms/base.py) in a module
+of its own, with its NumPy model, its wire bytes and its emitters.
+
+A new algorithm is a module here defining an `Algorithm` and one `register` line below;
+the policy's --equarx_algorithm choices, the scheme's checks, the model the tests use and
+the report's bytes all come from this registry.
+"""
+
+from __future__ import annotations
+
+from equarx_pass.algorithms.base import Algorithm
+from equarx_pass.algorithms.ring import BIDIRECTIONAL, RING
+from equarx_pass.algorithms.two_shot import TWO_SHOT
+
+ALGORITHMS: dict[str, Algorithm] = {}
+
+
+def register(algorithm: Algorithm) -> Algorithm:
+  if algorithm.name in ALGORITHMS:
+    raise ValueError(f"algorithm {algorithm.name!r} is registered twice")
+  ALGORITHMS[algorithm.name] = algorithm
+  return algorithm
+
+
+for _algorithm in (RING, TWO_SHOT, BIDIRECTIONAL):
+  register(_algorithm)
+
+__all__ = ["ALGORITHMS", "Algorithm", "register"]

@@ -1,0 +1,66 @@
+"""What every all-reduce algorithm is: one object with its model, its bytes and its emitters.
+
+An algorithm module defines an `Algorithm` and registers it (algorithms/__init__.py).
+Its NumPy half (`reference`, `wire_bytes`) uses no MLIR; its emitters build the same
+all-reduce in StableHLO, in the flat form (every algorithm has one) and, where the
+algorithm has one, the tiled form (forms.py says what the two are).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+from jax.extend.mlir import ir
+
+from equarx_pass.formats import Format
+from equarx_pass.forms import FlatSite, SitePlan, TiledSite
+from equarx_pass.hlo_builder import ChannelAllocator
+from equarx_pass.layout import ChunkLayout
+
+if TYPE_CHECKING:
+  from equarx_pass.scheme import Scheme
+
+# finish(codes, scales): the values of N quantized chunks, f32 [N, C] (dequantized, and
+# rotated back where the scheme rotates).
+Finish = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+class Algorithm:
+  name: str = ""
+  description: str = ""  # one line for --help
+  directions: int = 1  # ring directions: each microshard is split into this many lanes
+  takes_microshards: bool = True  # whether --equarx_microshards applies
+  has_tiled_form: bool = False
+
+  def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
+    """Bytes one rank sends for a site of `layout`: what the report prices and
+    tools/wire_bytes.py counts from the emitted collectives."""
+    raise NotImplementedError
+
+  def reference(
+    self, x: list[np.ndarray], scheme: Scheme, layout: ChunkLayout, finish: Finish
+  ) -> list[np.ndarray]:
+    """The NumPy model: x[r] is rank r's f32 [N, C] (rotated where the scheme rotates);
+    returns each rank's f32 [N, C] result."""
+    raise NotImplementedError
+
+  def emit_flat(self, site: FlatSite) -> ir.Value:
+    """The flat form at the current insertion point: f32 [N, C], the same bits on
+    every rank."""
+    raise NotImplementedError
+
+  def emit_tiled(self, site: TiledSite) -> tuple[ir.Value, ir.Value]:
+    """The tiled form: the codes and scales of all N reduced chunks, in chunk order."""
+    raise NotImplementedError
+
+  def emit(
+    self, operands: list[ir.Value], plan: SitePlan, channels: ChannelAllocator, tiled: bool
+  ) -> list[ir.Value]:
+    """The all-reduce of `plan.scheme` at the current insertion point, in the tiled form
+    or the flat one; one value per operand, with the operand's type."""
+    if tiled:
+      site = TiledSite(operands, plan, channels)
+      return site.finish(*self.emit_tiled(site))
+    flat = FlatSite(operands, plan, channels)
+    return flat.finish(self.emit_flat(flat))

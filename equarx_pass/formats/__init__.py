@@ -1,0 +1,27 @@
+"""The wire formats, by name: each is one object (formats/base.py) in a module of its own.
+
+A new format is a module here defining a `Format` and one `register` line below; the
+policy's --equarx_format choices, the scheme's checks and the report's bytes all come
+from this registry.
+"""
+
+from __future__ import annotations
+
+from equarx_pass.formats.base import Format
+from equarx_pass.formats.fp8 import FP8_E4M3, FP8_E5M2
+from equarx_pass.formats.integer import INT4, INT8
+
+FORMATS: dict[str, Format] = {}
+
+
+def register(fmt: Format) -> Format:
+  if fmt.name in FORMATS:
+    raise ValueError(f"format {fmt.name!r} is registered twice")
+  FORMATS[fmt.name] = fmt
+  return fmt
+
+
+for _fmt in (INT8, INT4, FP8_E4M3, FP8_E5M2):
+  register(_fmt)
+
+__all__ = ["FORMATS", "FP8_E4M3", "FP8_E5M2", "INT4", "INT8", "Format", "register"]
