@@ -206,7 +206,7 @@ def policies(draw):
     dtypes=tuple(
       draw(st.lists(st.sampled_from(policy_lib.DTYPES), min_size=1, max_size=3, unique=True))
     ),
-    block_size=draw(st.integers(1, 1 << 20)),
+    block_size=draw(st.one_of(st.just(0), st.integers(1, 1 << 20))),  # 0: the default
     format=draw(st.sampled_from(policy_lib.FORMATS)),
     algorithm=draw(st.sampled_from(policy_lib.ALGORITHMS)),
     rotation=draw(st.sampled_from(policy_lib.ROTATIONS)),

@@ -391,7 +391,7 @@ def scheme_flags(draw):
         f"--equarx_format={draw(st.sampled_from(policy_lib.FORMATS))}",
         f"--equarx_rotation={draw(st.sampled_from(policy_lib.ROTATIONS))}",
         f"--equarx_block_layout={draw(st.sampled_from(policy_lib.BLOCK_LAYOUTS))}",
-        f"--equarx_block_size={draw(st.sampled_from([4, 64, 128, 1024]))}",
+        f"--equarx_block_size={draw(st.sampled_from([0, 4, 64, 128, 1024]))}",  # 0: default
         f"--equarx_microshards={draw(st.sampled_from([1, 2]))}",
       ]
     )

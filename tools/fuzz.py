@@ -236,7 +236,7 @@ def random_flags(rng: random.Random) -> str:
     flags = " ".join(
       [
         "--equarx_enable --equarx_min_bytes=0",
-        f"--equarx_block_size={rng.choice(BLOCK_SIZES)}",
+        f"--equarx_block_size={rng.choice((0,) + BLOCK_SIZES)}",  # 0: the default
         f"--equarx_algorithm={rng.choice(policy.ALGORITHMS)}",
         f"--equarx_format={rng.choice(policy.FORMATS)}",
         f"--equarx_rotation={rng.choice(policy.ROTATIONS)}",
