@@ -31,7 +31,7 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass import rotation, rotation_emit
 from equarx_pass.hlo_builder import ChannelAllocator, Collectives, Emitter, narrow_float, shape_of
-from equarx_pass.layout import ChunkLayout, GroupSchedule
+from equarx_pass.layout import ChunkLayout, DeviceKind, GroupSchedule
 from equarx_pass.quantize_emit import FlatCodec, TileCodec
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ class SitePlan:
 
   layout: ChunkLayout
   schedule: GroupSchedule
-  device_kind: str  # "partition" (collectives carry a channel) or "replica"
+  device_kind: DeviceKind
   num_devices: int
   scheme: Scheme
   unrolled: bool = False  # flat ring: reduce-scatter steps written out, not looped

@@ -16,7 +16,7 @@ from jax import tree_util
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass.layout import GroupSchedule
+from equarx_pass.layout import DeviceKind, GroupSchedule
 
 # stablehlo ChannelHandle type 1 = DEVICE_TO_DEVICE, what JAX gives ppermute.
 DEVICE_TO_DEVICE = 1
@@ -231,7 +231,7 @@ class SitePlan(Protocol):
 
   layout: Any  # a ChunkLayout or an OutlierLayout: both have group_size
   schedule: GroupSchedule
-  device_kind: str  # "partition" (collectives carry a channel) or "replica"
+  device_kind: DeviceKind  # partition: the collectives carry a channel
   num_devices: int
 
 

@@ -151,7 +151,7 @@ class Jitted:
     # updated=(): copying fun.__dict__ would let a wrapped pmap shadow our own fields.
     functools.update_wrapper(self, fun, updated=())
 
-  def _split(self, args, kwargs):
+  def split_arguments(self, args, kwargs):
     """(dynamic args, dynamic kwargs, cache key)."""
     n = len(args)
     static = {i % n for i in self._static_nums if -n <= i < n} if n else set()
@@ -173,7 +173,7 @@ class Jitted:
   def __call__(self, *args, **kwargs):
     if not self.policy.enable:
       return self._jitted(*args, **kwargs)
-    dyn_args, dyn_kwargs, key = self._split(args, kwargs)
+    dyn_args, dyn_kwargs, key = self.split_arguments(args, kwargs)
     compiled = self._compiled.get(key)
     if compiled is None:
       compiled = self._lower(key, args, kwargs).compile()
@@ -188,7 +188,7 @@ class Jitted:
     """
     if not self.policy.enable:
       return self._jitted.lower(*args, **kwargs)
-    return self._lower(self._split(args, kwargs)[2], args, kwargs)
+    return self._lower(self.split_arguments(args, kwargs)[2], args, kwargs)
 
   def _lower(self, key, args, kwargs):
     lowered = self._lowered.get(key)

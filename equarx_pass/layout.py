@@ -10,9 +10,13 @@ source-target pairs of a ring step and each device's rank.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Literal, Sequence
 
 import numpy as np
+
+# How a site's devices are addressed: partitions (the collectives carry a channel: SPMD,
+# shard_map) or replicas (pmap-style and cross-replica all-reduces).
+DeviceKind = Literal["partition", "replica"]
 
 
 @dataclasses.dataclass(frozen=True)

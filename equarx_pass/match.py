@@ -18,7 +18,7 @@ import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import sdy, stablehlo
 
-from equarx_pass.layout import ChunkLayout, GroupSchedule, make_schedule
+from equarx_pass.layout import ChunkLayout, DeviceKind, GroupSchedule, make_schedule
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
 ALL_REDUCE = "stablehlo.all_reduce"
@@ -230,12 +230,13 @@ def async_pair(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None | s
 
 @dataclasses.dataclass(frozen=True)
 class Operand:
-  shape: tuple[int, ...]
-  dtype: str  # MLIR element type spelling: bf16, f16, f32, i32, ...
+  shape: tuple[int, ...] | None  # None: not a static shape
+  dtype: str  # MLIR element type spelling: bf16, f16, f32, i32, ... (else the type's text)
 
   @property
   def size(self) -> int:
-    return int(np.prod(self.shape, dtype=np.int64))
+    """Elements; 0 when the shape is not static."""
+    return int(np.prod(self.shape, dtype=np.int64)) if self.shape is not None else 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +247,7 @@ class Site:
   location: str
   operands: tuple[Operand, ...]
   groups: tuple[tuple[int, ...], ...] | None  # None when the group form is unsupported
-  device_kind: str  # "partition" or "replica"
+  device_kind: DeviceKind
   num_devices: int
   async_computation: str | None = None  # the async computation it is in, if any
 
@@ -308,11 +309,12 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
   # The result's element type: an all-reduce may promote (bf16 in, f32 out), and the
   # sum happens in the result's type.
   for value in op.results:
-    t = value.type if isinstance(value.type, ir.RankedTensorType) else None
-    if t is None or not t.has_static_shape:
-      operands.append(Operand((), str(value.type)))
+    if isinstance(value.type, ir.ShapedType):
+      t = ir.ShapedType(value.type)
+      shape = tuple(t.shape) if t.has_rank and t.has_static_shape else None
+      operands.append(Operand(shape, str(t.element_type)))
     else:
-      operands.append(Operand(tuple(t.shape), str(t.element_type)))
+      operands.append(Operand(None, str(value.type)))
   attrs = op.attributes
   # A channel id <= 0 is no channel (the StableHLO spec; XLA runs such an all-reduce
   # across replicas): the mode is cross-replica, whatever the attribute's presence says.
@@ -321,7 +323,8 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
   problem = None
   if has_channel and global_ids:
     # Groups hold global ids = replica * num_partitions + partition.
-    kind, num_devices = "partition", facts.num_partitions * facts.num_replicas
+    kind: DeviceKind = "partition"
+    num_devices = facts.num_partitions * facts.num_replicas
     if facts.num_replicas != 1:
       problem = "global device ids with several replicas (a permute addresses one dimension only)"
   elif has_channel:
@@ -459,12 +462,12 @@ def _check_types(site, op, policy, problem):
   for o in site.operands:
     if o.dtype not in policy.dtypes:
       return f"element type {o.dtype} not in --equarx_dtypes={','.join(policy.dtypes)}"
-    if not o.shape and o.dtype.startswith("tensor"):
+    if o.shape is None:
       return "dynamic shape"
 
 
 def _check_size(site, op, policy, problem):
-  if all(o.size == 0 for o in site.operands if o.shape or not o.dtype.startswith("tensor")):
+  if all(o.size == 0 for o in site.operands):
     return "zero elements: nothing to send"
   if site.nbytes < policy.min_bytes:
     return f"{site.nbytes} bytes < --equarx_min_bytes={policy.min_bytes}"

@@ -256,7 +256,7 @@ def calibrate(
   count = 0
   for batch in calibration_batches:
     args, kwargs = _as_args(batch)
-    dyn_args, dyn_kwargs, key = jitted._split(args, kwargs)
+    dyn_args, dyn_kwargs, key = jitted.split_arguments(args, kwargs)
     if key not in programs:
       programs[key] = _observation_program(jitted, args, kwargs, observe_policy)
       for site, reason in programs[key][2]:

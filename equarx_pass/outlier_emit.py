@@ -23,7 +23,7 @@ from equarx_pass.hlo_builder import (
   shape_of,
   while_loop,
 )
-from equarx_pass.layout import GroupSchedule
+from equarx_pass.layout import DeviceKind, GroupSchedule
 from equarx_pass.quantize_emit import pack_int4, unpack_int4
 
 
@@ -38,7 +38,7 @@ class CalibratedPlan:
 
   layout: outlier.OutlierLayout
   schedule: GroupSchedule
-  device_kind: str
+  device_kind: DeviceKind
   num_devices: int
   in_scale: np.ndarray  # f32 [G, N, H - k]
   in_reciprocal: np.ndarray  # f32 [G, N, H - k]

@@ -8,7 +8,7 @@ from equarx_pass.rewrite import SiteRecord
 
 
 def _shape(shapes) -> str:
-  return "+".join("x".join(map(str, s)) or "scalar" for s in shapes)
+  return "+".join("dynamic" if s is None else "x".join(map(str, s)) or "scalar" for s in shapes)
 
 
 def _bytes(n: int) -> str:

@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import io
 import time
+from typing import Literal
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -29,17 +30,21 @@ from equarx_pass.errors import InternalError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
 
+# What happened to an all-reduce.
+Verdict = Literal["rewritten", "skipped"]
+
+
 @dataclasses.dataclass(frozen=True)
 class SiteRecord:
   """What happened to one all-reduce; the report and the CLI print these."""
 
   index: int
   location: str
-  shapes: tuple[tuple[int, ...], ...]
+  shapes: tuple[tuple[int, ...] | None, ...]  # None: not a static shape
   dtypes: tuple[str, ...]
   group_size: int
   num_groups: int
-  decision: str  # "rewritten" or "skipped"
+  decision: Verdict
   reason: str  # why skipped, or the scheme used
   bytes_before: int  # bytes one rank sends: ring all-reduce in the original dtype
   bytes_after: int  # bytes one rank sends after the rewrite (= before when skipped)
@@ -74,19 +79,20 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
   """flat_why: why the flat form is emitted, None: the tiled form is."""
   site = decision.site
   before = _ring_bytes_before(site)
-  if isinstance(decision, match.Candidate) and policy.identity:
-    after, verdict, reason = before, "rewritten", "identity: the native all-reduce, rebuilt"
-  elif isinstance(decision, match.Candidate):
+  verdict: Verdict = "rewritten"
+  if isinstance(decision, match.Skip):
+    after, verdict, reason = before, "skipped", decision.reason
+  elif policy.identity:
+    after, reason = before, "identity: the native all-reduce, rebuilt"
+  else:
     after = policy.scheme.wire_bytes(decision.layout)
-    verdict, reason = "rewritten", policy.scheme.describe() + _padding_note(after, before)
+    reason = policy.scheme.describe() + _padding_note(after, before)
     if flat_why is None:
       reason += "; tiled form"
     elif not policy.calibration:
       reason += f"; flat form ({flat_why})"
   if isinstance(decision, match.Candidate):
     reason += _promotion_note(decision.op)
-  else:
-    after, verdict, reason = before, "skipped", decision.reason
   return SiteRecord(
     site.index,
     site.location,

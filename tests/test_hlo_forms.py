@@ -149,6 +149,27 @@ def test_promoting_to_an_unselected_type_is_skipped():
   assert not record.rewritten and "element type f64" in record.reason
 
 
+DYNAMIC = """
+module @m attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas = 8 : i32} {
+  func.func public @main(%arg0: tensor<?xf32>) -> tensor<?xf32> {
+    %0 = "stablehlo.all_reduce"(%arg0) <{replica_groups = dense<[[0, 1, 2, 3, 4, 5, 6, 7]]> : tensor<1x8xi64>}> ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %1 = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %1 : tensor<f32>
+    }) : (tensor<?xf32>) -> tensor<?xf32>
+    return %0 : tensor<?xf32>
+  }
+}
+"""
+
+
+def test_dynamic_shape_is_skipped_as_such():
+  result = rewrite_module(parse.parse_bytes(DYNAMIC, "dynamic").module, POLICY)
+  (record,) = result.records
+  assert not record.rewritten and record.reason == "dynamic shape"
+  assert record.dtypes == ("f32",) and record.shapes == (None,)
+
+
 def test_unused_function_copies_are_not_sites():
   module = parse.parse_bytes(WHILE, "while").module
   assert match.unused_all_reduces(module) == 1  # the private copy of `body`
