@@ -31,6 +31,9 @@ SCHEMES = [
   "--equarx_format=int4 --equarx_block_size=128 --equarx_rotation=hadamard",
   "--equarx_format=fp8_e4m3",
   "--equarx_format=fp8_e5m2 --equarx_algorithm=two_shot",
+  "--equarx_format=mxint8",
+  "--equarx_format=mxint8 --equarx_algorithm=ring --equarx_rotation=none",
+  "--equarx_format=mxint8 --equarx_algorithm=bidirectional --equarx_microshards=2",
   "--equarx_block_layout=grid",
   "--equarx_block_layout=grid --equarx_rotation=hadamard",
   # Reduce-scatter written out instead of looped (the default for sites >= 4 MiB).
@@ -41,7 +44,7 @@ SCHEMES = [
 ]
 # Loose ceilings on the relative L2 error for Gaussian data, per format (the
 # measured values are 2-10x lower; see tools/error_table.py).
-MAX_REL_ERR = {"int8": 3e-2, "int4": 4e-1, "fp8_e4m3": 1e-1, "fp8_e5m2": 2e-1}
+MAX_REL_ERR = {"int8": 3e-2, "int4": 4e-1, "fp8_e4m3": 1e-1, "fp8_e5m2": 2e-1, "mxint8": 3e-2}
 
 
 @pytest.fixture(scope="module")

@@ -29,6 +29,8 @@ EXACT = [
   "--equarx_rotation=none --equarx_block_size=128",
   "--equarx_rotation=none --equarx_block_size=64",  # lanes = the block
   "--equarx_rotation=none --equarx_format=fp8_e4m3",
+  "--equarx_rotation=none --equarx_format=mxint8",
+  "--equarx_algorithm=ring --equarx_rotation=none --equarx_format=mxint8",
   "--equarx_algorithm=ring --equarx_rotation=none",
   "--equarx_algorithm=ring --equarx_rotation=none --equarx_block_size=128",
   # int4: the halves of each block's rows (S even) or lanes (S = 1) share the bytes.
@@ -38,6 +40,7 @@ EXACT = [
 ]
 ROTATED = [
   "",
+  "--equarx_format=mxint8",
   "--equarx_block_size=128 --equarx_rotation_size=128",
   "--equarx_algorithm=ring --equarx_rotation=hadamard",
   "--equarx_algorithm=ring --equarx_format=int4 --equarx_block_size=128 --equarx_rotation=hadamard",

@@ -52,8 +52,8 @@ SCHEMES = [
   f"{R} {NOROT} --equarx_block_layout=grid",
   f"{T} {NOROT}",
   f"{B} {NOROT}",
-  f"{R} {H} --equarx_block_size=1024",
-  f"{T} {H} --equarx_block_size=1024",  # the flat form's default
+  f"{R} {H} --equarx_block_size=1024 --equarx_rotation_size=1024",
+  f"{T} {H} --equarx_block_size=1024 --equarx_rotation_size=1024",  # the flat form's default
   f"{T} {H} --equarx_block_size=1024 --equarx_rotation_size=128",
   f"{T} {H} --equarx_block_size=128",  # the default
   f"{R} {H} --equarx_block_size=128",
@@ -61,8 +61,10 @@ SCHEMES = [
   f"{R} {H} --equarx_format=int4 --equarx_block_size=128",
   f"{T} {H} --equarx_format=int4 --equarx_block_size=128",
   f"{R} {NOROT} --equarx_format=fp8_e4m3",
-  f"{T} {H} --equarx_format=fp8_e4m3 --equarx_block_size=1024",
+  f"{T} {H} --equarx_format=fp8_e4m3 --equarx_block_size=1024 --equarx_rotation_size=1024",
   f"{R} {NOROT} --equarx_format=fp8_e5m2",
+  f"{T} {NOROT} --equarx_format=mxint8",
+  f"{T} {H} --equarx_format=mxint8",  # the default scheme in mxint8: hadamard 32
 ]
 
 

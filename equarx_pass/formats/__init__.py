@@ -10,6 +10,7 @@ from __future__ import annotations
 from equarx_pass.formats.base import Format
 from equarx_pass.formats.fp8 import FP8_E4M3, FP8_E5M2
 from equarx_pass.formats.integer import INT4, INT8
+from equarx_pass.formats.mx import MXINT8
 
 FORMATS: dict[str, Format] = {}
 
@@ -21,7 +22,7 @@ def register(fmt: Format) -> Format:
   return fmt
 
 
-for _fmt in (INT8, INT4, FP8_E4M3, FP8_E5M2):
+for _fmt in (INT8, INT4, FP8_E4M3, FP8_E5M2, MXINT8):
   register(_fmt)
 
-__all__ = ["FORMATS", "FP8_E4M3", "FP8_E5M2", "INT4", "INT8", "Format", "register"]
+__all__ = ["FORMATS", "FP8_E4M3", "FP8_E5M2", "INT4", "INT8", "MXINT8", "Format", "register"]
