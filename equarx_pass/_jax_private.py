@@ -27,7 +27,7 @@ def hlo_text_to_proto(text: str) -> bytes:
   Private: jaxlib._hlo.hlo_module_from_text.  Raises jax.errors.JaxRuntimeError
   with "was parsing L:C: error: ..." on a syntax error.
   """
-  from jaxlib import _hlo
+  from jaxlib import _hlo  # type: ignore[attr-defined]
 
   return _hlo.hlo_module_from_text(text).as_serialized_hlo_module_proto()
 
@@ -37,7 +37,7 @@ def hlo_proto_to_text(proto: bytes) -> str:
 
   Private: jaxlib._hlo.HloModule.from_serialized_hlo_module_proto and to_string.
   """
-  from jaxlib import _hlo
+  from jaxlib import _hlo  # type: ignore[attr-defined]
 
   return _hlo.HloModule.from_serialized_hlo_module_proto(proto).to_string()
 

@@ -115,6 +115,7 @@ class TiledSite:
     # relayouts); the int4 ring with block 128 6.03x as [R, 128], 7.03x (nibbles paired
     # across lanes) and 7.25x (across rows) as [R / 8, 8, 128].
     rows = block // w
+    self.tile: tuple[int, ...]
     if rows > 1:
       self.tile, block_dims = (c // block, rows, w), 2
     elif w == LANES and (c // block) % SUBLANES == 0 and self.fmt.bits == 8:
@@ -142,7 +143,7 @@ class TiledSite:
       x = em.reshape(rotation_emit.hadamard(em, flat, self.size), shape)
     self.chunks = x
 
-  def local(self, index) -> ir.Value:
+  def local(self, index: ir.Value) -> ir.Value:
     """This rank's chunk `index` (a traced i32 scalar), f32 [*tile]."""
     em = self.em
     zero = em.i32_scalar(0)
@@ -150,7 +151,7 @@ class TiledSite:
     piece = em.dynamic_slice(self.chunks, [index] + [zero] * (len(shape) - 1), (1, *shape[1:]))
     return em.convert(em.reshape(piece, shape[1:]), em.f32)
 
-  def finish(self, codes, scales) -> list[ir.Value]:
+  def finish(self, codes: ir.Value, scales: ir.Value) -> list[ir.Value]:
     """All N chunks' codes [N R, ...] and scales [N R, ...], in chunk order -> the results."""
     em = self.em
     if self.size:
@@ -172,7 +173,7 @@ class TiledSite:
     return em.unflatten_like(values, self.types)
 
 
-def plus_zero(em: Emitter, x) -> ir.Value:
+def plus_zero(em: Emitter, x: ir.Value) -> ir.Value:
   """x + 0, as the model's sum starts (-0 becomes +0; fp8 codes have a signed zero).
   Written as a select: XLA simplifies an add of 0 away."""
   zero = em.splat(0, shape_of(x), em.f32)
@@ -180,14 +181,14 @@ def plus_zero(em: Emitter, x) -> ir.Value:
   return hlo.SelectOp(is_zero, zero, x).result
 
 
-def add(term, acc) -> ir.Value:
+def add(term: ir.Value, acc: ir.Value) -> ir.Value:
   """term + acc, the new term first: XLA:CPU contracts a multiply feeding an add into an
   FMA, and where both operands of an add are products LLVM fuses the first one's.  So
   the sum is fma(q, s, acc), as quantize.fused_multiply_add has it."""
   return hlo.AddOp(term, acc).result
 
 
-def row(em: Emitter, x, j: int) -> ir.Value:
+def row(em: Emitter, x: ir.Value, j: int) -> ir.Value:
   """x[j] of an array with a leading dimension, that dimension dropped."""
   shape = shape_of(x)
   start = (j,) + (0,) * (len(shape) - 1)

@@ -9,7 +9,7 @@ Nothing here knows a format, a rotation or an algorithm.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 from jax import tree_util
@@ -33,11 +33,11 @@ class ChannelAllocator:
     return handle
 
 
-def tensor(shape, element_type) -> ir.RankedTensorType:
+def tensor(shape: Sequence[int], element_type: ir.Type) -> ir.RankedTensorType:
   return ir.RankedTensorType.get(list(shape), element_type)
 
 
-def shape_of(x) -> tuple[int, ...]:
+def shape_of(x: ir.Value) -> tuple[int, ...]:
   """The static shape of a ranked tensor value."""
   return tuple(ir.RankedTensorType(x.type).shape)
 
@@ -45,7 +45,7 @@ def shape_of(x) -> tuple[int, ...]:
 class Emitter:
   """Small typed helpers over the op builders; every value is a ranked tensor."""
 
-  def __init__(self):
+  def __init__(self) -> None:
     self.f32 = ir.F32Type.get()
     self.i8 = ir.IntegerType.get_signless(8)
     self.i16 = ir.IntegerType.get_signless(16)
@@ -53,12 +53,13 @@ class Emitter:
     self.i64 = ir.IntegerType.get_signless(64)
 
   # constants
-  def const(self, array: np.ndarray, element_type) -> ir.Value:
+  def const(self, array: np.ndarray, element_type: ir.Type) -> ir.Value:
     array = np.ascontiguousarray(array)
-    attr = ir.DenseElementsAttr.get(array, type=tensor(array.shape, element_type))
+    # The stubs accept only buffers typed as such; an ndarray is one.
+    attr = ir.DenseElementsAttr.get(array, type=tensor(array.shape, element_type))  # type: ignore[call-overload]
     return hlo.ConstantOp(attr).result
 
-  def splat(self, value, shape, element_type) -> ir.Value:
+  def splat(self, value: float, shape: Sequence[int], element_type: ir.Type) -> ir.Value:
     t = tensor(shape, element_type)
     scalar = (
       ir.FloatAttr.get(element_type, float(value))
@@ -70,31 +71,34 @@ class Emitter:
   def i32_scalar(self, value: int) -> ir.Value:
     return self.splat(value, (), self.i32)
 
-  def groups_attr(self, groups) -> ir.Attribute:
+  def groups_attr(self, groups: Any) -> ir.Attribute:
     array = np.array(groups, np.int64)
-    return ir.DenseIntElementsAttr.get(array, type=tensor(array.shape, self.i64))
+    attr: ir.Attribute = ir.DenseIntElementsAttr.get(  # type: ignore[call-overload]
+      array, type=tensor(array.shape, self.i64)
+    )
+    return attr
 
   # shape ops
-  def reshape(self, x, shape) -> ir.Value:
+  def reshape(self, x: ir.Value, shape: Sequence[int]) -> ir.Value:
     if shape_of(x) == tuple(shape):
       return x
     return hlo.ReshapeOp(tensor(shape, ir.RankedTensorType(x.type).element_type), x).result
 
-  def convert(self, x, element_type) -> ir.Value:
+  def convert(self, x: ir.Value, element_type: ir.Type) -> ir.Value:
     if ir.RankedTensorType(x.type).element_type == element_type:
       return x
     return hlo.ConvertOp(tensor(shape_of(x), element_type), x).result
 
-  def widen(self, x, narrow) -> ir.Value:
+  def widen(self, x: ir.Value, narrow: ir.Type | None) -> ir.Value:
     """f32 of x; x holds the bits of `narrow` (a 16-bit float type) as i16, or is f32."""
     if narrow is None:
       return x
     return self.convert(self.bitcast(x, shape_of(x), narrow), self.f32)
 
-  def bitcast(self, x, shape, element_type) -> ir.Value:
+  def bitcast(self, x: ir.Value, shape: Sequence[int], element_type: ir.Type) -> ir.Value:
     return hlo.BitcastConvertOp(tensor(shape, element_type), x).result
 
-  def flat_padded(self, operands, element_type, padded: int) -> ir.Value:
+  def flat_padded(self, operands: list[ir.Value], element_type: ir.Type, padded: int) -> ir.Value:
     """The operands converted to `element_type` and flattened, one after another, then
     zero-padded to `padded` values: what every algorithm lays out as chunks."""
     sizes = [int(np.prod(shape_of(v), dtype=np.int64)) for v in operands]
@@ -105,7 +109,7 @@ class Emitter:
       x = hlo.PadOp(x, self.splat(0, (), element_type), [0], [padded - sum(sizes)], [0]).result
     return x
 
-  def unflatten_like(self, values, types) -> list[ir.Value]:
+  def unflatten_like(self, values: ir.Value, types: list[ir.RankedTensorType]) -> list[ir.Value]:
     """flat_padded undone: `values` (any shape, flat in order) cut into one value per
     type of `types`, in its shape and element type."""
     flat = self.reshape(values, (int(np.prod(shape_of(values), dtype=np.int64)),))
@@ -117,38 +121,40 @@ class Emitter:
       offset += size
     return results
 
-  def slice(self, x, start, limit) -> ir.Value:
+  def slice(self, x: ir.Value, start: Sequence[int], limit: Sequence[int]) -> ir.Value:
     return hlo.SliceOp(x, list(start), list(limit), [1] * len(start)).result
 
-  def concat(self, values, axis) -> ir.Value:
+  def concat(self, values: Sequence[ir.Value], axis: int) -> ir.Value:
     return values[0] if len(values) == 1 else hlo.ConcatenateOp(values, axis).result
 
-  def dynamic_slice(self, x, starts, sizes) -> ir.Value:
+  def dynamic_slice(
+    self, x: ir.Value, starts: Sequence[ir.Value], sizes: Sequence[int]
+  ) -> ir.Value:
     """x[starts[0]:starts[0]+sizes[0], ...], `starts` traced i32 scalars."""
     element_type = ir.RankedTensorType(x.type).element_type
     return hlo.DynamicSliceOp(
       x, list(starts), list(sizes), results=[tensor(tuple(sizes), element_type)]
     ).result
 
-  def dynamic_rows(self, x, row, col, rows, width) -> ir.Value:
+  def dynamic_rows(self, x: ir.Value, row: ir.Value, col: int, rows: int, width: int) -> ir.Value:
     """x[row:row+rows, col:col+width] of a 2-D x, `row` a traced i32 scalar."""
     return self.dynamic_slice(x, [row, self.i32_scalar(col)], [rows, width])
 
-  def set_rows(self, x, row, value) -> ir.Value:
+  def set_rows(self, x: ir.Value, row: ir.Value, value: ir.Value) -> ir.Value:
     return hlo.DynamicUpdateSliceOp(x, value, [row, self.i32_scalar(0)]).result
 
-  def mod(self, x, n: int) -> ir.Value:
+  def mod(self, x: ir.Value, n: int) -> ir.Value:
     """(x + n) mod n for x >= -n, on i32 scalars (rem alone keeps the sign)."""
     return hlo.RemOp(hlo.AddOp(x, self.i32_scalar(n)).result, self.i32_scalar(n)).result
 
-  def add_i32(self, x, k: int) -> ir.Value:
+  def add_i32(self, x: ir.Value, k: int) -> ir.Value:
     return hlo.AddOp(x, self.i32_scalar(k)).result
 
-  def bcast(self, x, shape, dims) -> ir.Value:
+  def bcast(self, x: ir.Value, shape: Sequence[int], dims: Sequence[int]) -> ir.Value:
     t = ir.RankedTensorType(x.type)
     return hlo.BroadcastInDimOp(tensor(shape, t.element_type), x, list(dims)).result
 
-  def magnitude(self, x) -> ir.Value:
+  def magnitude(self, x: ir.Value) -> ir.Value:
     """|x| of an f32 tensor, with NaN counted as +inf (quantize.py): a max kernel
     may drop NaN, never an inf."""
     is_nan = hlo.CompareOp(x, x, hlo.ComparisonDirectionAttr.get("NE")).result
@@ -157,7 +163,9 @@ class Emitter:
     ).result
 
 
-def reduce(x, init, element_type, axes: int | tuple[int, ...], combine) -> ir.Value:
+def reduce(
+  x: ir.Value, init: ir.Value, element_type: ir.Type, axes: int | tuple[int, ...], combine: Any
+) -> ir.Value:
   """combine (hlo.MaxOp, hlo.AddOp, ...) over one axis (or several) of a tensor."""
   axes = (axes,) if isinstance(axes, int) else tuple(axes)
   shape = [d for i, d in enumerate(shape_of(x)) if i not in axes]
@@ -169,7 +177,7 @@ def reduce(x, init, element_type, axes: int | tuple[int, ...], combine) -> ir.Va
   return op.result
 
 
-def narrow_float(types) -> ir.Type | None:
+def narrow_float(types: list[ir.RankedTensorType]) -> ir.Type | None:
   """The operands' common float type if it is 16-bit (bf16, f16), else None."""
   element_types = {t.element_type for t in types}
   if len(element_types) != 1:
@@ -185,7 +193,7 @@ def narrow_float(types) -> ir.Type | None:
 Carry = Any
 
 
-def _is_value(x) -> bool:
+def _is_value(x: ir.Value) -> bool:
   return isinstance(x, ir.Value)
 
 
@@ -227,12 +235,19 @@ def unrolled_loop(
 
 
 class SitePlan(Protocol):
-  """What Collectives needs of a site's plan (algorithms.SitePlan, outlier_emit's)."""
+  """What Collectives needs of a site's plan (forms.SitePlan, outlier_emit's)."""
 
-  layout: Any  # a ChunkLayout or an OutlierLayout: both have group_size
-  schedule: GroupSchedule
-  device_kind: DeviceKind  # partition: the collectives carry a channel
-  num_devices: int
+  @property
+  def layout(self) -> Any: ...  # a ChunkLayout or an OutlierLayout: both have group_size
+
+  @property
+  def schedule(self) -> GroupSchedule: ...
+
+  @property
+  def device_kind(self) -> DeviceKind: ...  # partition: the collectives carry a channel
+
+  @property
+  def num_devices(self) -> int: ...
 
 
 class Collectives:
@@ -247,17 +262,19 @@ class Collectives:
       return {}
     return {"channel_handle": hlo.ChannelHandle.get(self.channels.new(), DEVICE_TO_DEVICE)}
 
-  def permute(self, x, direction: int) -> ir.Value:
+  def permute(self, x: ir.Value, direction: int) -> ir.Value:
     pairs = np.array(self.plan.schedule.source_target_pairs(direction), np.int64).reshape(-1, 2)
     return hlo.CollectivePermuteOp(x, self.em.groups_attr(pairs), **self._channel()).result
 
-  def all_to_all(self, x) -> ir.Value:
+  def all_to_all(self, x: ir.Value) -> ir.Value:
     n = self.plan.layout.group_size
-    return hlo.AllToAllOp(
+    op = hlo.AllToAllOp(
       [x], 0, 0, n, self.em.groups_attr(self.plan.schedule.groups), **self._channel()
-    ).results[0]
+    )
+    result: ir.Value = op.results[0]
+    return result
 
-  def all_gather(self, x, first: int = 0) -> ir.Value:
+  def all_gather(self, x: ir.Value, first: int = 0) -> ir.Value:
     """x's copies from every rank of the group, concatenated along dimension 0, starting
     with the rank at position `first` of the group (then first + 1, ...): an all-gather
     concatenates in the order its replica groups list the devices."""
@@ -268,15 +285,17 @@ class Collectives:
       kwargs["use_global_device_ids"] = True
     element_type = ir.RankedTensorType(x.type).element_type
     groups = [tuple(g[first:]) + tuple(g[:first]) for g in self.plan.schedule.groups]
-    return hlo.AllGatherOp(
+    op = hlo.AllGatherOp(
       [tensor((n * rows, *rest), element_type)], [x], 0, self.em.groups_attr(groups), **kwargs
-    ).results[0]
+    )
+    result: ir.Value = op.results[0]
+    return result
 
   def per_device(self, tables: list[np.ndarray]) -> list[ir.Value]:
     """Each table's entry for this device (partition or replica id), as i32 scalars."""
     em = self.em
-    device = (hlo.PartitionIdOp() if self.partition else hlo.ReplicaIdOp()).result
-    device = em.reshape(em.convert(device, em.i32), (1,))
+    index = (hlo.PartitionIdOp() if self.partition else hlo.ReplicaIdOp()).result
+    device = em.reshape(em.convert(index, em.i32), (1,))
     return [
       em.reshape(em.dynamic_slice(em.const(table, em.i32), [em.reshape(device, ())], [1]), ())
       for table in tables

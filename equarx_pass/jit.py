@@ -264,7 +264,7 @@ class Jitted:
   def clear_cache(self) -> None:
     self._lowered.clear()
     self._compiled.clear()
-    self._jitted.clear_cache()
+    self._jitted.clear_cache()  # type: ignore[attr-defined]  # jax.jit's wrapper has it
 
   def __getattr__(self, name):
     # trace, eval_shape, ...: the jax.jit object's own.

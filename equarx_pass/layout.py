@@ -13,6 +13,7 @@ import dataclasses
 from typing import Literal, Sequence
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 # How a site's devices are addressed: partitions (the collectives carry a channel: SPMD,
 # shard_map) or replicas (pmap-style and cross-replica all-reduces).
@@ -106,8 +107,8 @@ class GroupSchedule:
     return table
 
 
-def make_schedule(groups: Sequence[Sequence[int]]) -> GroupSchedule:
-  groups = tuple(tuple(int(d) for d in g) for g in groups)
+def make_schedule(device_groups: Sequence[Sequence[int]]) -> GroupSchedule:
+  groups = tuple(tuple(int(d) for d in g) for g in device_groups)
   if not groups or not groups[0]:
     raise ValueError("a schedule needs at least one non-empty group")
   if len({len(g) for g in groups}) != 1:
@@ -127,7 +128,9 @@ def pad_chunks(x: np.ndarray, layout: ChunkLayout) -> np.ndarray:
   return flat.reshape(layout.group_size, layout.chunk)
 
 
-def unpad(chunks: np.ndarray, layout: ChunkLayout, shape, out_dtype) -> np.ndarray:
+def unpad(
+  chunks: np.ndarray, layout: ChunkLayout, shape: Sequence[int], out_dtype: DTypeLike
+) -> np.ndarray:
   flat = np.asarray(chunks, np.float32).reshape(-1)[: layout.num_values]
   with np.errstate(over="ignore", invalid="ignore"):
     return flat.astype(out_dtype).reshape(shape)

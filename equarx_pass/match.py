@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -72,14 +72,16 @@ class ModuleFacts:
 
 def _mesh_from_attr(attr: ir.Attribute) -> Mesh:
   """An sdy.MeshAttr or stablehlo.MeshAttr as a Mesh."""
+  # The bindings' stubs type these attributes' sequences as plain Attributes.
+  axes: list[Any]
   if stablehlo.MeshAttr.isinstance(attr):
     m = stablehlo.MeshAttr(attr)
-    axes = [stablehlo.MeshAxisAttr(a) for a in m.axes]
-    ids = list(m.device_ids) if m.device_ids is not None else []
+    axes = [stablehlo.MeshAxisAttr(a) for a in m.axes]  # type: ignore[attr-defined]
+    ids = list(m.device_ids) if m.device_ids is not None else []  # type: ignore[call-overload]
   else:
-    m = sdy.MeshAttr(attr)
-    axes = [sdy.MeshAxisAttr(a) for a in m.axes]
-    ids = list(m.device_ids)
+    sdy_mesh = sdy.MeshAttr(attr)
+    axes = [sdy.MeshAxisAttr(a) for a in sdy_mesh.axes]  # type: ignore[attr-defined]
+    ids = list(sdy_mesh.device_ids)  # type: ignore[call-overload]
   names = tuple(a.name for a in axes)
   sizes = tuple(int(a.size) for a in axes)
   count = int(np.prod(sizes, dtype=np.int64))
@@ -88,8 +90,8 @@ def _mesh_from_attr(attr: ir.Attribute) -> Mesh:
 
 def find_function(module: ir.Module, name: str) -> ir.Operation | None:
   """The top-level func.func @name of `module`, or None."""
-  for op in module.body.operations:
-    op = op.operation
+  for view in module.body.operations:
+    op = view.operation
     if op.name == "func.func" and _name(op) == name:
       return op
   return None
@@ -102,8 +104,8 @@ def module_facts(module: ir.Module) -> ModuleFacts:
     return ir.IntegerAttr(attrs[name]).value if name in attrs else 1
 
   meshes = []
-  for op in module.body.operations:
-    op = op.operation
+  for view in module.body.operations:
+    op = view.operation
     if op.name == "sdy.mesh":
       name = ir.StringAttr(op.attributes["sym_name"]).value
       meshes.append((name, _mesh_from_attr(op.attributes["mesh"])))
@@ -151,9 +153,9 @@ def called_functions(module: ir.Module) -> list[ir.Operation]:
   """The public functions and every function a symbol reference in them reaches,
   in module order.  Any attribute that names a symbol counts (func.call's callee, a
   custom call's called_computations, a composite's decomposition, ...)."""
-  functions = {}
-  for op in module.body.operations:
-    op = op.operation
+  functions: dict[str, ir.Operation] = {}
+  for view in module.body.operations:
+    op = view.operation
     if op.name == "func.func":
       functions[_name(op)] = op
   seen = set()
@@ -170,8 +172,8 @@ def called_functions(module: ir.Module) -> list[ir.Operation]:
     if name in seen:
       continue
     seen.add(name)
-    for op in walk(functions[name]):
-      attrs = op.attributes
+    for inner in walk(functions[name]):
+      attrs = inner.attributes
       for i in range(len(attrs)):
         stack.extend(n for n in _symbol_names(attrs[i].attr) if n in functions)
   return [op for name, op in functions.items() if name in seen]
@@ -225,7 +227,7 @@ def async_pair(op: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None | s
   users = [use.owner for result in parent.results for use in result.uses]
   if len(users) != 1 or users[0].name not in ASYNC_DONES:
     return "an async_start whose future is used by more than one async_done"
-  return parent, users[0]
+  return parent, users[0].operation
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,7 +363,7 @@ def _replica_groups(attr: ir.Attribute, num_devices: int, facts: ModuleFacts):
       return None, problem
   elif isinstance(attr, ir.DenseIntElementsAttr):
     shape = tuple(ir.ShapedType(attr.type).shape)
-    values = [int(v) for v in attr]
+    values = [int(v) for v in attr]  # type: ignore[attr-defined]  # iterable at run time
     if not values:
       return (tuple(range(num_devices)),), None  # empty: one group of every device
     rows = np.array(values, np.int64).reshape(shape)
@@ -515,6 +517,7 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
     reason = check(site, op, policy, problem)
     if reason:
       return Skip(site, reason)
+  assert site.groups is not None  # _check_supported_groups skips sites without
   total = sum(o.size for o in site.operands)
   layout = policy.scheme.layout(total, site.group_size)
   return Candidate(site, op, layout, make_schedule(site.groups))

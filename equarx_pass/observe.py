@@ -55,7 +55,7 @@ def _observability(op: ir.Operation, main: ir.Operation, facts: match.ModuleFact
   if len(op.operands) != 1:
     return "several operands in one all-reduce"
   parent = op.parent
-  if parent.name != MANUAL_COMPUTATION:
+  if parent is None or parent.name != MANUAL_COMPUTATION:
     return "not directly inside a shard_map body (loop, conditional or other function)"
   if parent.parent is None or parent.parent != main:
     return "its shard_map is not directly in main"
@@ -65,7 +65,8 @@ def _observability(op: ir.Operation, main: ir.Operation, facts: match.ModuleFact
     mesh = facts.mesh(mesh_ref.value)
   if mesh is None:
     return "the shard_map's mesh is not an sdy.mesh symbol"
-  manual = [str(a) for a in sdy.ManualAxesAttr(parent.attributes["manual_axes"])]
+  manual_axes = sdy.ManualAxesAttr(parent.attributes["manual_axes"])
+  manual = [str(a) for a in manual_axes]  # type: ignore[attr-defined]  # iterable at run time
   if sorted(manual) != sorted(mesh.axis_names):
     return "the shard_map is not manual over every mesh axis"
   return parent, mesh
@@ -165,12 +166,13 @@ def observation_module(module: ir.Module, policy: Policy):
           break
       else:
         groups.append((obs.manual_computation, [obs]))
-    extra = []
+    extra: list[ir.Value] = []
     for mc, members in groups:
       new = _add_results(mc, members)
       first = len(new.results) - len(members)
       extra.extend(new.results[first + i] for i in range(len(members)))
     if extra:
+      assert main is not None  # sites are observed only in main
       terminator = list(main.regions[0].blocks[0].operations)[-1]
       results = list(terminator.operands)
       for i, obs in enumerate(o for _, members in groups for o in members):
@@ -281,14 +283,16 @@ def calibrate(
   sites = {}
   for index, obs in first_seen.items():
     operand = obs.site.operands[0]
-    devices = tuple(d for g in obs.site.groups for d in g)
+    groups_ = obs.site.groups
+    assert groups_ is not None and operand.shape is not None  # matched sites have both
+    devices = tuple(d for g in groups_ for d in g)
     sites[index] = calibration.SiteCalibration(
       index,
       obs.site.location,
       obs.type,
       operand.shape,
       operand.dtype,
-      obs.site.groups,
+      groups_,
       devices,
       sums[index],
     )
@@ -312,7 +316,7 @@ def _observation_program(jitted, args, kwargs, policy: Policy):
   module, observed, unobserved = observation_module(lowered.compiler_ir("stablehlo"), policy)
   if not observed:
     return None, observed, unobserved
-  shapes = [None] * len(observed)
+  shapes: list[tuple[int, int, int] | None] = [None] * len(observed)
   for o in observed:
     shapes[o.output] = (len(o.mesh.device_ids), STATS_ROWS, o.features)
   compiled = _jax_private.lowered_with_extra_outputs(lowered, module, shapes).compile()

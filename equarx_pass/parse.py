@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from typing import Any, BinaryIO
 import threading
 import time
 
@@ -140,8 +141,8 @@ def _check_aliases(text: str, path: str) -> None:
   its brackets are open.
   """
   limit = MAX_EXPANSION * len(text) + (1 << 20)
-  measured = {}  # alias -> (depth, printed size)
-  current = None  # [name, offset of the definition, depth, size, open brackets]
+  measured: dict[str, tuple[int, int]] = {}  # alias -> (depth, printed size)
+  current: list[Any] | None = None  # [name, offset of the definition, depth, size, open brackets]
 
   def close(end):
     name, start, depth, size, _ = current
@@ -183,7 +184,7 @@ def _first_code_line(text: str) -> str:
   return ""
 
 
-def _parse_mlir(source, path: str, context: ir.Context) -> ir.Module:
+def _parse_mlir(source, path: str | None, context: ir.Context) -> ir.Module:
   try:
     module = ir.Module.parse(source, context=context)
   except ir.MLIRError as e:
@@ -224,7 +225,7 @@ def _varint(data: bytes, pos: int) -> tuple[int, int]:
   return int.from_bytes(data[pos : pos + size], "little") >> size, pos + size
 
 
-def _check_bytecode_strings(data: bytes, path: str) -> None:
+def _check_bytecode_strings(data: bytes, path: str | None) -> None:
   """The producer and the string table of MLIR bytecode must be UTF-8.
 
   The reader quotes them in its diagnostics (every diagnostic gets a note "produced
@@ -314,7 +315,8 @@ def _check_no_elided_constants(text: str, path: str) -> None:
 def _hlo_header_fields(text: str) -> dict[str, str]:
   """`HloModule name, k1=v1, k2={...}` -> {k1: v1, ...} (top-level commas only)."""
   header = _first_code_line(text)
-  fields, depth, item = {}, 0, []
+  fields: dict[str, str] = {}
+  depth, item = 0, list[str]()
   for ch in header[len("HloModule") :] + ",":
     if ch in "{(":
       depth += 1
@@ -330,7 +332,7 @@ def _hlo_header_fields(text: str) -> dict[str, str]:
   return fields
 
 
-def _check_is_stablehlo(module: ir.Module, path: str, source_size: int) -> set[str]:
+def _check_is_stablehlo(module: ir.Module, path: str | None, source_size: int) -> set[str]:
   """Check the module; return the names of every op in it (nested ones too)."""
   names = {op.operation.name for op in module.body.operations}
   if "func.func" not in names:
@@ -340,7 +342,7 @@ def _check_is_stablehlo(module: ir.Module, path: str, source_size: int) -> set[s
     )
   _check_device_counts(module, path)
   # Iteratively, with explicit stacks: recursion is what is being guarded against.
-  measured = {}
+  measured: dict[str, tuple[int, int]] = {}
   printed = _measure(module.operation.attributes.values(), measured, path)
   limit = MAX_EXPANSION * source_size + (1 << 20)
   if printed > limit:
@@ -396,7 +398,7 @@ def _parts(node) -> list:
   return []
 
 
-def _measure(roots, measured: dict, path: str) -> int:
+def _measure(roots, measured: dict, path: str | None) -> int:
   """Printed size (nodes) of the attributes and types in `roots`.
 
   Depth and size of each distinct attribute/type are computed once, post-order,
@@ -426,7 +428,7 @@ def _measure(roots, measured: dict, path: str) -> int:
   return sum(measured[(isinstance(r, ir.Type), r)][1] for r in roots)
 
 
-def _check_device_counts(module: ir.Module, path: str) -> None:
+def _check_device_counts(module: ir.Module, path: str | None) -> None:
   """mhlo.num_partitions and mhlo.num_replicas, where given, are sane integers."""
   attrs = module.operation.attributes
   total = 1
@@ -487,14 +489,14 @@ def _convert(kind: bytes, data: bytes, limit: int) -> tuple[str, str]:
     _check_bytecode_strings(data, None)
     try:
       module, input_kind = _parse_mlir(data, None, context), "stablehlo-bytecode"
-    except ParseError as first:
+    except ParseError as not_stablehlo:
       # A jax.export portable artifact is VHLO bytecode: upgrade it to StableHLO
       # (into a module of the current context: it needs one).
       try:
         with context:
           module = jax_mlir.deserialize_portable_artifact(data)
       except Exception:
-        raise first from None
+        raise not_stablehlo from None
       _check_is_stablehlo(module, None, len(data))
       input_kind = "portable-artifact"
   else:
@@ -532,7 +534,8 @@ class _BoundedText:
   """
 
   def __init__(self, limit: int):
-    self.limit, self.size, self.parts = limit, 0, []
+    self.limit, self.size = limit, 0
+    self.parts: list[str] = []
 
   def write(self, part: str) -> None:
     self.size += len(part)
@@ -551,10 +554,11 @@ class _BoundedText:
     self.parts.append(part)
 
 
-_PROTOCOL = None  # the helper's reply stream
+_PROTOCOL: BinaryIO | None = None  # the helper's reply stream
 
 
 def _reply(status: bytes, payload: bytes) -> None:
+  assert _PROTOCOL is not None, "not in the helper"
   _PROTOCOL.write(status + len(payload).to_bytes(8, "big") + payload)
   _PROTOCOL.flush()
 

@@ -228,7 +228,7 @@ def mesh_device_ids(hlo_text: str) -> dict[tuple, tuple[int, ...]]:
   device ids, which would silently make every group of a mesh whose order is not the
   identity the wrong devices.  A mesh given two orders is refused.
   """
-  found = {}
+  found: dict[tuple[tuple[str, int], ...], tuple[int, ...]] = {}
   for m in _MESH_GROUPS.finditer(hlo_text):
     axes = tuple(
       (name.strip().strip("'\""), int(size))
@@ -251,10 +251,10 @@ def _device_ids(text: str, count: int) -> tuple[int, ...]:
   if m:
     dims = [int(d) for d in m.group(1).split(",")]
     source = [int(d) for d in m.group(2).split(",")] if m.group(2) else dims
-    ids = np.arange(count).reshape(source)
+    iota = np.arange(count).reshape(source)
     if m.group(3):
-      ids = ids.transpose([int(p) for p in m.group(3).split(",")])
-    return tuple(int(i) for i in ids.reshape(-1))
+      iota = iota.transpose([int(p) for p in m.group(3).split(",")])
+    return tuple(int(i) for i in iota.reshape(-1))
   try:
     ids = tuple(int(i) for i in text.split(","))
   except ValueError:
@@ -298,7 +298,7 @@ def _dense_replica_groups(module: ir.Module) -> None:
       raise NotPartitionable(f"{op.name} in the partitioned program: {problem}")
     array = np.array(groups, np.int64)
     with module.context, ir.Location.unknown():
-      attrs["replica_groups"] = ir.DenseIntElementsAttr.get(
+      attrs["replica_groups"] = ir.DenseIntElementsAttr.get(  # type: ignore[call-overload]
         array, type=ir.RankedTensorType.get(list(array.shape), i64)
       )
 

@@ -427,4 +427,4 @@ def apply_flags(policy: Policy, flags: str) -> Policy:
       changes[flag.field] = False
     else:
       changes[flag.field] = flag.parse(name, text)
-  return dataclasses.replace(policy, **changes)
+  return dataclasses.replace(policy, **changes)  # type: ignore[arg-type]  # per-flag types

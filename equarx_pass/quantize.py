@@ -54,10 +54,11 @@ def block_amax(x: np.ndarray, block_size: int) -> np.ndarray:
   # (YNNPACK) whose max drops NaN, but every max keeps an inf; an infinite scale
   # makes every dequantized value of the block non-finite all the same.
   magnitude = np.where(np.isnan(blocks), np.float32(np.inf), np.abs(blocks))
-  return np.max(magnitude, axis=-1)
+  amax: np.ndarray = np.max(magnitude, axis=-1)
+  return amax
 
 
-def _scaled(x: np.ndarray, block_size: int, fmt: Format):
+def _scaled(x: np.ndarray, block_size: int, fmt: Format) -> tuple[np.ndarray, np.ndarray]:
   """Qp1 and the scale-and-clamp half of Qp2: (v f32 [..., blocks, B], scale)."""
   x = np.asarray(x, np.float32)
   scale, recip = fmt.scales(block_amax(x, block_size))
@@ -112,7 +113,7 @@ def unpack_int4(codes: np.ndarray, group: int) -> np.ndarray:
   return both.astype(np.int8).reshape(codes.shape[:-1] + (codes.shape[-1] * 2,))
 
 
-def quantize(x: np.ndarray, block_size: int, fmt: Format = INT8):
+def quantize(x: np.ndarray, block_size: int, fmt: Format = INT8) -> tuple[np.ndarray, np.ndarray]:
   """Qp1 + Qp2: (codes, scales f32 [..., blocks]).
 
   Codes are int8: one per value (int8, fp8 bits), or for int4 two per byte,

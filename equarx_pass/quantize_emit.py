@@ -25,7 +25,7 @@ from equarx_pass.formats import Format
 from equarx_pass.hlo_builder import Emitter, reduce, shape_of
 
 
-def encode_scaled(em: Emitter, fmt: Format, x, recip) -> ir.Value:
+def encode_scaled(em: Emitter, fmt: Format, x: ir.Value, recip: ir.Value) -> ir.Value:
   """Qp2: f32 [m, ...] times its block's reciprocal scale (recip [m, ...] over x's
   leading dimensions), clamped and encoded: int8 codes of x's shape."""
   lead = len(shape_of(recip))
@@ -36,7 +36,9 @@ def encode_scaled(em: Emitter, fmt: Format, x, recip) -> ir.Value:
   return fmt.emit_encode(em, clamped)
 
 
-def quantize_blocks(em: Emitter, fmt: Format, x, block_dims: int) -> tuple[ir.Value, ir.Value]:
+def quantize_blocks(
+  em: Emitter, fmt: Format, x: ir.Value, block_dims: int
+) -> tuple[ir.Value, ir.Value]:
   """Qp1 + Qp2 over blocks made of x's last `block_dims` dimensions: (int8 codes of x's
   shape, f32 scales of x's leading shape)."""
   shape = shape_of(x)
@@ -49,7 +51,7 @@ def quantize_blocks(em: Emitter, fmt: Format, x, block_dims: int) -> tuple[ir.Va
 # --- int4: two codes per byte (quantize.pack_int4) ------------------------------
 
 
-def nibbles(em: Emitter, b) -> list[ir.Value]:
+def nibbles(em: Emitter, b: ir.Value) -> list[ir.Value]:
   """int8 bytes -> [low nibbles, high nibbles], each sign-extended: (b << 4) >>a 4, b >>a 4."""
   four = em.splat(4, shape_of(b), em.i8)
   return [
@@ -58,7 +60,7 @@ def nibbles(em: Emitter, b) -> list[ir.Value]:
   ]
 
 
-def or_nibbles(em: Emitter, low, high) -> ir.Value:
+def or_nibbles(em: Emitter, low: ir.Value, high: ir.Value) -> ir.Value:
   """Two int8 code tensors in [-8, 7] -> one: low & 0xF | high << 4."""
   shape = shape_of(low)
   return hlo.OrOp(
@@ -67,7 +69,7 @@ def or_nibbles(em: Emitter, low, high) -> ir.Value:
   ).result
 
 
-def pack_int4(em: Emitter, q, group: int) -> ir.Value:
+def pack_int4(em: Emitter, q: ir.Value, group: int) -> ir.Value:
   """int8 [rows, s] in [-8, 7] -> [rows, s/2]: quantize.pack_int4 (value j of each
   group of `group` in the low nibble, value j + group/2 in the high one)."""
   rows, s = shape_of(q)
@@ -79,7 +81,7 @@ def pack_int4(em: Emitter, q, group: int) -> ir.Value:
   return em.reshape(packed, (rows, s // 2))
 
 
-def unpack_int4(em: Emitter, packed, group: int, by_broadcast: bool) -> ir.Value:
+def unpack_int4(em: Emitter, packed: ir.Value, group: int, by_broadcast: bool) -> ir.Value:
   """int8 [rows, s/2] -> int8 [rows, s], each nibble sign-extended: low = (b << 4) >>a 4,
   high = b >>a 4, the two halves of each group side by side.
 
@@ -100,7 +102,7 @@ def unpack_int4(em: Emitter, packed, group: int, by_broadcast: bool) -> ir.Value
     shape = (groups, 2, half)
     shift = em.bcast(em.const(np.array([4, 0], np.int8), em.i8), shape, [1])
     up = hlo.ShiftLeftOp(em.bcast(b, shape, [0, 2]), shift).result
-    both = hlo.ShiftRightArithmeticOp(up, em.splat(4, shape, em.i8)).result
+    both: ir.Value = hlo.ShiftRightArithmeticOp(up, em.splat(4, shape, em.i8)).result
   else:
     both = em.concat(nibbles(em, b), 1)
   return em.reshape(both, (rows, 2 * half_row))
@@ -125,7 +127,7 @@ class FlatCodec:
     """2 for int4 rows of an even number of blocks, else 1."""
     return 2 if self.fmt.bits == 4 and qz.pairs_row_halves(self.block, s) else 1
 
-  def block_parts(self, x) -> list[ir.Value]:
+  def block_parts(self, x: ir.Value) -> list[ir.Value]:
     """f32 [rows, s] -> its parts, sliced."""
     rows, s = shape_of(x)
     count = self.part_count(s)
@@ -134,14 +136,14 @@ class FlatCodec:
       return [x]
     return [self.em.slice(x, (0, i * w), (rows, (i + 1) * w)) for i in range(count)]
 
-  def dynamic_parts(self, chunks, row, col: int, width: int) -> list[ir.Value]:
+  def dynamic_parts(self, chunks: ir.Value, row: ir.Value, col: int, width: int) -> list[ir.Value]:
     """block_parts of chunks[row:row+1, col:col+width] (chunks [N, C], `row` a traced i32
     scalar), each part a dynamic-slice of its own."""
     count = self.part_count(width)
     w = width // count
     return [self.em.dynamic_rows(chunks, row, col + i * w, 1, w) for i in range(count)]
 
-  def quantize_rows(self, x) -> ir.Value:
+  def quantize_rows(self, x: ir.Value) -> ir.Value:
     """f32 [rows, s] -> int8 payload [rows, P]."""
     return self.quantize_parts(self.block_parts(x))
 
@@ -156,7 +158,7 @@ class FlatCodec:
       codes.append(part_codes)
       scales.append(scale)
 
-    def scale_bytes():
+    def scale_bytes() -> list[ir.Value]:
       return [
         em.reshape(
           fmt.emit_scale_bytes(em, scale),
@@ -185,7 +187,7 @@ class FlatCodec:
     return em.reshape(payload, (rows, sum(shape_of(piece)[1] for piece in pieces)))
 
   def dequantize_rows(
-    self, payload, s: int, rotation_size: int = 0, requantized: bool = False
+    self, payload: ir.Value, s: int, rotation_size: int = 0, requantized: bool = False
   ) -> ir.Value:
     """int8 payload [rows, P] -> f32 [rows, s]; with a rotation size, also the
     inverse rotation, as rotation.dequantize_rotated does it (on the codes).
@@ -205,7 +207,7 @@ class FlatCodec:
     ).result
     return em.reshape(out, (rows, s))
 
-  def _payload_fields(self, payload, s: int):
+  def _payload_fields(self, payload: ir.Value, s: int) -> tuple[ir.Value, ir.Value]:
     """int8 payload [rows, P] of rows of s values -> (code bytes [rows, B], f32 scales
     [rows * nb])."""
     em, fmt = self.em, self.fmt
@@ -216,7 +218,7 @@ class FlatCodec:
     data = em.reshape(em.slice(payload, (0, code_bytes), (rows, p)), (rows * nb, fmt.scale_bytes))
     return codes, fmt.emit_scales_from_bytes(em, data)
 
-  def accumulate(self, payload, local: list[ir.Value]) -> list[ir.Value]:
+  def accumulate(self, payload: ir.Value, local: list[ir.Value]) -> list[ir.Value]:
     """A ring step's sum, Dq(payload) + local, as block_parts (XLA:CPU fuses each part's
     sum into one FMA).  The int4 halves are unpacked apart: no concatenate."""
     em, fmt, block = self.em, self.fmt, self.block
@@ -227,7 +229,7 @@ class FlatCodec:
     nb, w = s // block, s // 2
     m = rows * nb // 2  # blocks per half
     scale = em.reshape(scale, (rows, nb))
-    out = []
+    out: list[ir.Value] = []
     for i, (half, part) in enumerate(zip(nibbles(em, codes), local)):
       part_scale = em.reshape(em.slice(scale, (0, i * nb // 2), (rows, (i + 1) * nb // 2)), (m,))
       values = hlo.MulOp(
@@ -252,32 +254,33 @@ class TileCodec:
 
   def __init__(self, em: Emitter, fmt: Format, block_dims: int, pack_axis: int):
     self.em, self.fmt, self.block_dims = em, fmt, block_dims
-    self.pack_axis = None if fmt.bits == 8 else pack_axis
+    self.packs = fmt.bits == 4
+    self.pack_axis = pack_axis
 
-  def quantize(self, x) -> tuple[ir.Value, ir.Value]:
+  def quantize(self, x: ir.Value) -> tuple[ir.Value, ir.Value]:
     """f32 [..., R, S, W] -> codes (int8 bytes) and the scales as they travel [..., R]."""
     codes, scale = quantize_blocks(self.em, self.fmt, x, self.block_dims)
-    codes = codes if self.pack_axis is None else self._pack(codes)
+    codes = self._pack(codes) if self.packs else codes
     return codes, self.fmt.emit_wire_scales(self.em, scale)
 
-  def scales(self, wire) -> ir.Value:
+  def scales(self, wire: ir.Value) -> ir.Value:
     """The scales as they travel -> f32."""
     return self.fmt.emit_scales_from_wire(self.em, wire)
 
-  def values(self, codes) -> ir.Value:
+  def values(self, codes: ir.Value) -> ir.Value:
     """The codes' values, f32 [..., R, S, W]."""
-    if self.pack_axis is not None:
+    if self.packs:
       codes = self._unpack(codes)
     return self.fmt.emit_decode(self.em, codes)
 
-  def dequantize(self, codes, wire) -> ir.Value:
+  def dequantize(self, codes: ir.Value, wire: ir.Value) -> ir.Value:
     """codes times their block's scale: f32 [..., R, S, W]."""
     values = self.values(codes)
     scales = self.scales(wire)
     lead = len(shape_of(scales))
     return hlo.MulOp(values, self.em.bcast(scales, shape_of(values), list(range(lead)))).result
 
-  def _pack(self, codes) -> ir.Value:
+  def _pack(self, codes: ir.Value) -> ir.Value:
     """int4 codes in [-7, 7]: the first half along the pack axis in the low nibbles, the
     second in the high ones."""
     shape = shape_of(codes)
@@ -291,7 +294,7 @@ class TileCodec:
     high = self.em.slice(codes, high_start, shape)
     return or_nibbles(self.em, low, high)
 
-  def _unpack(self, packed) -> ir.Value:
+  def _unpack(self, packed: ir.Value) -> ir.Value:
     """Each nibble sign-extended, the halves back in place."""
     axis = len(shape_of(packed)) + self.pack_axis
     return self.em.concat(nibbles(self.em, packed), axis)

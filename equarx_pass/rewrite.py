@@ -228,6 +228,8 @@ def _emit_in_place(
   """
   op = cand.op
   pair = match.async_pair(op)
+  if isinstance(pair, str):  # matching skips these
+    raise InternalError(f"all-reduce #{cand.site.index}: {pair}")
   if pair is not None:
     start, done = pair
     at, operands, old_results, erase = done, list(start.operands), list(done.results), [done, start]
@@ -267,7 +269,7 @@ def _promote(value: ir.Value, result_type: ir.Type) -> ir.Value:
   return hlo.ConvertOp(ir.RankedTensorType.get(source.shape, element), value).result
 
 
-def _first_line(e: BaseException) -> str:
+def _first_line(e: BaseException | str) -> str:
   text = str(e).strip()
   return text.splitlines()[0] if text else ""
 
@@ -290,7 +292,7 @@ def _emit_outlined(
   with ir.InsertionPoint(module.body):
     callee = func.FuncOp(name, ir.FunctionType.get(operand_types, result_types))
   callee.attributes["sym_visibility"] = ir.StringAttr.get("private")
-  body = callee.add_entry_block()
+  body = callee.add_entry_block()  # type: ignore[attr-defined]  # the bindings add it
   with ir.InsertionPoint(body):
     func.ReturnOp(emit(list(body.arguments)))
   call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), operands)
@@ -325,6 +327,7 @@ def _calibrated_plans(
   for cand in candidates:
     site = cand.site
     i = site.index  # records are in site order
+    why: str | None
     if len(site.operands) != 1:
       why = "several operands in one all-reduce"
     else:
@@ -362,9 +365,11 @@ def _calibrated_plan(
 ) -> CalibratedPlan:
   site = cand.site
   outliers = entry.outliers()
-  layout = outlier.make_layout(site.operands[0].shape, site.group_size, outliers)
+  shape = site.operands[0].shape
+  assert shape is not None  # a candidate's shape is static
+  layout = outlier.make_layout(shape, site.group_size, outliers)
   normal = list(layout.normal)
-  per_group = [entry.group_scales(group, outliers, clip) for group in site.groups]
+  per_group = [entry.group_scales(group, outliers, clip) for group in cand.schedule.groups]
   in_scale, in_reciprocal = zip(
     *(outlier.static_scales(np.asarray(g.in_ranges, np.float32)[:, normal]) for g in per_group)
   )

@@ -19,8 +19,12 @@ The emitted ops follow exactly this order, so model and program agree bit for bi
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+  from equarx_pass.formats import Format
 
 NONE = "none"
 HADAMARD = "hadamard"
@@ -86,7 +90,7 @@ def hadamard(x: np.ndarray, size: int) -> np.ndarray:
 
 
 def dequantize_rotated(
-  codes: np.ndarray, scale: np.ndarray, block: int, fmt, size: int
+  codes: np.ndarray, scale: np.ndarray, block: int, fmt: Format, size: int
 ) -> np.ndarray:
   """Dq followed by the inverse rotation H, done as H(q * s) = (H q) * s.
 
@@ -104,7 +108,8 @@ def dequantize_rotated(
   unsigned = butterflies(code_values, size).reshape(-1, size) * signs(size)
   blocks = unsigned.reshape(scale.shape + (block,))
   with np.errstate(over="ignore", invalid="ignore"):
-    return (blocks * scale[..., None]).astype(np.float32).reshape(code_values.shape)
+    out: np.ndarray = (blocks * scale[..., None]).astype(np.float32)
+    return out.reshape(code_values.shape)
 
 
 def matrix(size: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from equarx_pass import rotation
 from equarx_pass.hlo_builder import Emitter, shape_of, tensor, while_loop
 
 
-def butterflies(em: Emitter, x, size: int) -> ir.Value:
+def butterflies(em: Emitter, x: ir.Value, size: int) -> ir.Value:
   """rotation.butterflies on a flat f32 vector: the constant-geometry (Pease) form.
 
   One pass takes the stages of index bits 0 and 1 of each block: a, b, c, d at
@@ -33,7 +33,7 @@ def butterflies(em: Emitter, x, size: int) -> ir.Value:
   (m,) = shape_of(x)
   blocks, k = m // size, size.bit_length() - 1
 
-  def one_pass(y, radix):
+  def one_pass(y: ir.Value, radix: int) -> ir.Value:
     q = size // radix
     group = em.reshape(y, (blocks, q, radix))
     outs = [
@@ -60,14 +60,14 @@ def butterflies(em: Emitter, x, size: int) -> ir.Value:
   return em.reshape(y, (m,))
 
 
-def hadamard(em: Emitter, x, size: int) -> ir.Value:
+def hadamard(em: Emitter, x: ir.Value, size: int) -> ir.Value:
   """rotation.hadamard on a flat f32 vector: the exact signs / size, then the stages."""
   return butterflies(
     em, times_per_position(em, x, rotation.signs(size) * rotation.norm(size)), size
   )
 
 
-def times_per_position(em: Emitter, x, factors: np.ndarray) -> ir.Value:
+def times_per_position(em: Emitter, x: ir.Value, factors: np.ndarray) -> ir.Value:
   """A flat f32 vector times `factors` (f32 [size]) repeated along it."""
   (m,) = shape_of(x)
   size = factors.shape[0]
@@ -78,7 +78,7 @@ def times_per_position(em: Emitter, x, factors: np.ndarray) -> ir.Value:
   return em.reshape(product, (m,))
 
 
-def matmul(em: Emitter, x, size: int, exact: bool, forward: bool) -> ir.Value:
+def matmul(em: Emitter, x: ir.Value, size: int, exact: bool, forward: bool) -> ir.Value:
   """The rotation (forward: (H / size) D; else D H) on each consecutive `size` values of
   x, as one dot_general over [count, size] with an f32 result.  exact: x holds code
   values (small integers), whose products and sums f32 holds exactly, so any precision
@@ -98,7 +98,7 @@ def matmul(em: Emitter, x, size: int, exact: bool, forward: bool) -> ir.Value:
   d = rotation.signs(size).astype(np.float64)
   h = rotation.matrix(size)
   matrix = d[:, None] * h * rotation.norm(size) if forward else h
-  h = em.convert(em.const(matrix.astype(np.float32), em.f32), element_type)
+  rhs = em.convert(em.const(matrix.astype(np.float32), em.f32), element_type)
   dims = hlo.DotDimensionNumbers.get(
     lhs_batching_dimensions=[],
     rhs_batching_dimensions=[],
@@ -108,6 +108,6 @@ def matmul(em: Emitter, x, size: int, exact: bool, forward: bool) -> ir.Value:
   precision = "DEFAULT" if exact or element_type != em.f32 else "HIGHEST"
   config = ir.ArrayAttr.get([hlo.PrecisionAttr.get(precision)] * 2)
   out = hlo.DotGeneralOp(
-    tensor(shape_of(flat), em.f32), flat, h, dims, precision_config=config
+    tensor(shape_of(flat), em.f32), flat, rhs, dims, precision_config=config
   ).result
   return em.reshape(out, shape)  # f32

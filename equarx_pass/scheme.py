@@ -12,6 +12,7 @@ import dataclasses
 from typing import Sequence
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from equarx_pass import quantize as qz
 from equarx_pass import rotation
@@ -43,7 +44,7 @@ class Scheme:
   rotation_size: int = 0  # 0: the default for the block layout (resolved_rotation_size)
   microshards: int = 1
 
-  def __post_init__(self):
+  def __post_init__(self) -> None:
     if self.algorithm not in ALGORITHMS:
       raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm!r}")
     if self.format not in FORMATS:
@@ -155,7 +156,9 @@ class Scheme:
     return 8 * self.fmt.payload_bytes(layout.chunk, layout.blocks) / layout.chunk
 
 
-def reference(inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype=None) -> list[np.ndarray]:
+def reference(
+  inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype: DTypeLike | None = None
+) -> list[np.ndarray]:
   """Per-rank results of `scheme` over one group, ranks in group order.
 
   inputs[r] is rank r's operand (any shape, all equal); each result has that
@@ -172,7 +175,7 @@ def reference(inputs: Sequence[np.ndarray], scheme: Scheme, out_dtype=None) -> l
   if rotating:
     x = [rotation.hadamard(v, scheme.resolved_rotation_size).reshape(v.shape) for v in x]
 
-  def finish(codes, scales):
+  def finish(codes: np.ndarray, scales: np.ndarray) -> np.ndarray:
     if rotating:
       return rotation.dequantize_rotated(
         codes, scales, layout.block, scheme.fmt, scheme.resolved_rotation_size

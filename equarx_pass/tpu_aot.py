@@ -23,6 +23,7 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 from equarx_pass.errors import CompileError
 from equarx_pass.policy import parse_compile_target
@@ -143,7 +144,7 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
   from equarx_pass import _jax_private, match
 
   _, topology = parse_compile_target(target)
-  devices = topologies.get_topology_desc(topology, "tpu").devices
+  devices: list[Any] = topologies.get_topology_desc(topology, "tpu").devices
   context = _jax_private.make_ir_context()
   module = ir.Module.parse(module_text, context=context)
   facts = match.module_facts(module)

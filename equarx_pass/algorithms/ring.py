@@ -30,6 +30,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
+from numpy.typing import DTypeLike
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
@@ -42,7 +43,7 @@ from equarx_pass.layout import ChunkLayout, chunk_layout, pad_chunks, unpad
 from equarx_pass.quantize_emit import FlatCodec
 
 if TYPE_CHECKING:
-  from equarx_pass.scheme import Scheme
+  from equarx_pass.scheme import Lane, Scheme
 
 
 # --- the NumPy model -----------------------------------------------------------------
@@ -95,7 +96,7 @@ def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: Format = INT8) -> list
 
 
 def reference_allreduce(
-  inputs: Sequence[np.ndarray], block_size: int, out_dtype=None
+  inputs: Sequence[np.ndarray], block_size: int, out_dtype: DTypeLike | None = None
 ) -> list[np.ndarray]:
   """Per-rank results of the int8 ring over one group, ranks in ring order.
 
@@ -179,13 +180,13 @@ class Ring(Algorithm):
     # there rank r sits at position N-1-r.
     ccw_rank = hlo.SubtractOp(em.i32_scalar(n - 1), rank).result
 
-    def ranks_of(carry):
+    def ranks_of(carry: _ReduceScatterCarry | _AllGatherCarry) -> dict[int, ir.Value]:
       return {1: carry.rank, -1: carry.ccw_rank}
 
-    def local_parts(chunks, row, lane):
+    def local_parts(chunks: ir.Value, row: ir.Value, lane: Lane) -> list[ir.Value]:
       return [site.widen(part) for part in codec.dynamic_parts(chunks, row, lane.offset, lane.size)]
 
-    def rs_step(step, carry: _ReduceScatterCarry) -> _ReduceScatterCarry:
+    def rs_step(step: ir.Value, carry: _ReduceScatterCarry) -> _ReduceScatterCarry:
       ranks, new = ranks_of(carry), []
       for lane, partial in zip(lanes, carry.partials):
         received = coll.permute(codec.quantize_parts(partial), lane.direction)
@@ -206,7 +207,7 @@ class Ring(Algorithm):
     # in place, and the all-gather overwrites every other one.
     gathered = [em.bcast(own, (n, shape_of(own)[1]), [0, 1]) for own in owns]
 
-    def ag_step(step, carry: _AllGatherCarry) -> _AllGatherCarry:
+    def ag_step(step: ir.Value, carry: _AllGatherCarry) -> _AllGatherCarry:
       ranks, currents, outs = ranks_of(carry), [], []
       for lane, cur, out in zip(lanes, carry.currents, carry.gathered):
         cur = coll.permute(cur, lane.direction)

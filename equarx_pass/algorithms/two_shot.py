@@ -80,7 +80,7 @@ class TwoShot(Algorithm):
     n, c = site.layout.group_size, site.layout.chunk
     received = coll.all_to_all(codec.quantize_rows(site.widen(site.chunks)))  # j: from rank j
 
-    def sum_step(j, carry: _SumCarry) -> _SumCarry:
+    def sum_step(j: ir.Value, carry: _SumCarry) -> _SumCarry:
       payload = em.dynamic_rows(carry.received, j, 0, 1, shape_of(carry.received)[1])
       term = codec.dequantize_rows(payload, c, requantized=True)
       return _SumCarry(hlo.AddOp(carry.acc, term).result, carry.received)
@@ -94,10 +94,9 @@ class TwoShot(Algorithm):
     em, codec, coll = site.em, site.codec, site.coll
     codes, scales = codec.quantize(em.convert(site.chunks, em.f32))
     codes, scales = coll.all_to_all(codes), coll.all_to_all(scales)  # j: from rank j
-    acc = None
-    for j in range(site.n):
-      term = codec.dequantize(row(em, codes, j), row(em, scales, j))
-      acc = plus_zero(em, term) if acc is None else add(term, acc)
+    acc = plus_zero(em, codec.dequantize(row(em, codes, 0), row(em, scales, 0)))
+    for j in range(1, site.n):
+      acc = add(codec.dequantize(row(em, codes, j), row(em, scales, j)), acc)
     codes, scales = codec.quantize(acc)
     return coll.all_gather(codes), coll.all_gather(scales)
 

@@ -70,6 +70,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import equarx_pass
+from typing import Any
 from equarx_pass.policy import FLAGS, Policy
 
 DEFAULT_CORPUS = pathlib.Path(__file__).with_name("minilm_corpus.txt")
@@ -102,7 +103,7 @@ class Config:
 class Model:
   config: Config
   params: dict  # NumPy arrays; dense weights as [in, out]
-  tokenizer: object  # tokenizers.Tokenizer
+  tokenizer: Any  # tokenizers.Tokenizer (an optional dependency)
 
 
 def model_dir() -> pathlib.Path:
@@ -353,13 +354,14 @@ def shard_params(params: dict, config: Config, mesh: Mesh) -> dict:
 
 def embed(fn, params, batches: list[Batch], count: int) -> np.ndarray:
   """Runs fn(params, ids, mask) over the batches; rows back in sentence order."""
-  out = None
+  out: np.ndarray | None = None
   for b in batches:
     e = np.asarray(fn(params, b.ids, b.mask))
     if out is None:
       out = np.zeros((count, e.shape[-1]), np.float32)
     real = b.index >= 0
     out[b.index[real]] = e[real]
+  assert out is not None, "no batches"
   return out
 
 
@@ -411,7 +413,7 @@ def capture(model: Model, mesh: Mesh, params, sentences: list[str], path) -> dic
   fn = jax.jit(tp_encoder(model.config, mesh, capture=True))
   _, partials = fn(params, batch.ids, batch.mask)
   n = mesh.shape[AXIS]
-  arrays = {
+  arrays: dict[str, np.ndarray] = {
     site: np.asarray(partials[site]).reshape(n, -1, model.config.hidden)
     for site in site_names(model.config)
   }
@@ -422,7 +424,7 @@ def capture(model: Model, mesh: Mesh, params, sentences: list[str], path) -> dic
     input_ids=batch.ids.reshape(-1),
     sentences=np.array([sentences[i] for i in batch.index]),
   )
-  np.savez(path, **arrays)
+  np.savez(path, **arrays)  # type: ignore[arg-type]  # numpy stubs: allow_pickle overload
   return arrays
 
 

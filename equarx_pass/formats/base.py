@@ -27,12 +27,12 @@ from equarx_pass.hlo_builder import Emitter, shape_of
 FLT_MAX = np.float32(np.finfo(np.float32).max)
 
 
-def inverse(qmax) -> np.float32:
+def inverse(qmax: float) -> np.float32:
   """f32(1/qmax): the constant the scale is multiplied by."""
   return np.float32(1.0 / qmax)
 
 
-def reciprocal(scale) -> np.ndarray:
+def reciprocal(scale: np.ndarray) -> np.ndarray:
   """Qp2's multiplier, f32: min(1 / safe, FLT_MAX) with safe = scale where > 0, else 1
   (a zero block divides by 1 and stays 0; a tiny scale cannot make 0 * inf)."""
   scale = np.asarray(scale, np.float32)
@@ -80,13 +80,13 @@ class Format:
   def emit_scales(self, em: Emitter, amax: ir.Value) -> tuple[ir.Value, ir.Value]:
     """scales(), emitted: f32 amax [...] -> (scale, reciprocal), f32 [...]."""
     lead = shape_of(amax)
-    scale = hlo.MulOp(amax, em.splat(inverse(self.qmax), lead, em.f32)).result
+    scale = hlo.MulOp(amax, em.splat(float(inverse(self.qmax)), lead, em.f32)).result
     positive = hlo.CompareOp(
       scale, em.splat(0, lead, em.f32), hlo.ComparisonDirectionAttr.get("GT")
     ).result
     safe = hlo.SelectOp(positive, scale, em.splat(1, lead, em.f32)).result
     recip = hlo.MinOp(
-      hlo.DivOp(em.splat(1, lead, em.f32), safe).result, em.splat(FLT_MAX, lead, em.f32)
+      hlo.DivOp(em.splat(1, lead, em.f32), safe).result, em.splat(float(FLT_MAX), lead, em.f32)
     ).result
     return scale, recip
 

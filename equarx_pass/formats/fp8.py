@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -17,17 +18,20 @@ class Fp8Format(Format):
   fp8: str = ""  # the ml_dtypes name
 
   @property
-  def numpy_type(self):
+  def numpy_type(self) -> Any:
     return getattr(ml_dtypes, self.fp8)
 
   def mlir_type(self) -> ir.Type:
-    return {"float8_e4m3fn": ir.Float8E4M3FNType, "float8_e5m2": ir.Float8E5M2Type}[self.fp8].get()
+    if self.fp8 == "float8_e4m3fn":
+      return ir.Float8E4M3FNType.get()
+    return ir.Float8E5M2Type.get()
 
   def encode(self, v: np.ndarray) -> np.ndarray:
     return np.asarray(v, np.float32).astype(self.numpy_type).view(np.int8)
 
   def decode(self, codes: np.ndarray) -> np.ndarray:
-    return np.asarray(codes, np.int8).view(self.numpy_type).astype(np.float32)
+    values: np.ndarray = np.asarray(codes, np.int8).view(self.numpy_type).astype(np.float32)
+    return values
 
   def emit_encode(self, em: Emitter, clamped: ir.Value) -> ir.Value:
     return em.bitcast(em.convert(clamped, self.mlir_type()), shape_of(clamped), em.i8)

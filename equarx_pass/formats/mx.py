@@ -63,10 +63,10 @@ class MxIntFormat(IntegerFormat):
   def emit_scales(self, em: Emitter, amax: ir.Value) -> tuple[ir.Value, ir.Value]:
     shape = shape_of(amax)
 
-    def i32(value):
+    def i32(value: int) -> ir.Value:
       return em.splat(value, shape, em.i32)
 
-    t = hlo.MulOp(amax, em.splat(inverse(127), shape, em.f32)).result
+    t = hlo.MulOp(amax, em.splat(float(inverse(127)), shape, em.f32)).result
     bits = em.bitcast(t, shape, em.i32)
     e = hlo.AndOp(hlo.ShiftRightLogicalOp(bits, i32(23)).result, i32(0xFF)).result
     inexact = hlo.CompareOp(
