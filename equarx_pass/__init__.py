@@ -21,7 +21,7 @@ from equarx_pass.errors import (
 )
 from equarx_pass.jit import Jitted, Report, jit
 from equarx_pass.parse import parse_bytes, parse_file
-from equarx_pass.observe import calibrate
+from equarx_pass.calibrated.calibrate import calibrate
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import RewriteResult, SiteRecord, rewrite_module
 from equarx_pass.transform import transform_file, transform_text

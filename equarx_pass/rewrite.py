@@ -2,7 +2,7 @@
 
 `rewrite_module` never mutates its input.  It copies the module, matches every
 all-reduce (match.py), emits the quantized all-reduce for each candidate (its
-algorithm's emitter, algorithms/; the calibrated scheme's, outlier_emit.py) in
+algorithm's emitter, algorithms/; the calibrated scheme's, calibrated/outlier_emit.py) in
 place of the all-reduce or, with --equarx_outline, into a private function called
 there, verifies the copy, and returns it with one SiteRecord per all-reduce.  Any
 failure raises and the half-rewritten copy is dropped, so a caller only ever
@@ -22,10 +22,11 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import calibration, match, outlier
+from equarx_pass import match
+from equarx_pass.calibrated import calibration, outlier
 from equarx_pass.forms import SitePlan
 from equarx_pass.hlo_builder import ChannelAllocator
-from equarx_pass.outlier_emit import CalibratedPlan, emit_calibrated_allreduce
+from equarx_pass.calibrated.outlier_emit import CalibratedPlan, emit_calibrated_allreduce
 from equarx_pass.errors import InternalError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
 

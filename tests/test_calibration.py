@@ -16,7 +16,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import calibration, outlier
+from equarx_pass.calibrated import calibration, outlier
 from equarx_pass.errors import ParseError
 from equarx_pass.policy import Policy
 from meshes import psum_program

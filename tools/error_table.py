@@ -35,7 +35,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from equarx_pass import calibration, outlier  # noqa: E402
+from equarx_pass.calibrated import calibration, outlier  # noqa: E402
 from equarx_pass import scheme as scheme_lib  # noqa: E402
 from equarx_pass.policy import Policy  # noqa: E402
 

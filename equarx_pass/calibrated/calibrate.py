@@ -30,8 +30,9 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func, sdy
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import _jax_private, calibration, match, outlier, transform
-from equarx_pass.outlier_emit import emit_feature_stats
+from equarx_pass import _jax_private, match, transform
+from equarx_pass.calibrated import calibration, outlier
+from equarx_pass.calibrated.outlier_emit import emit_feature_stats
 from equarx_pass.errors import FlagError
 from equarx_pass.policy import Policy
 

@@ -5,7 +5,7 @@ the model the rewritten program equals bit for bit on XLA:CPU.
 
 A site's operand is seen as a matrix [M, H]: M rows (every dimension but the
 last, flattened) of H features (the last dimension).  A calibration run
-(observe.calibrate) recorded, per feature, the range (absmax) of every device's
+(calibrate.py) recorded, per feature, the range (absmax) of every device's
 operand and of the result.  From that, statically:
   outliers   the k = H // 64 features with the largest range (max over the
              devices); they travel as bf16

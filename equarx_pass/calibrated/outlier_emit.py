@@ -1,5 +1,5 @@
 """The calibrated outlier-feature scheme of outlier.py, emitted, and the statistics
-that calibration records (observe.py).
+that calibration records (calibrate.py).
 
 outlier.reference is the model, op for op: a two-shot all-reduce of int4 codes with
 static per-feature scales, the outlier features in bf16 beside them.
@@ -14,7 +14,7 @@ import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import outlier
+from equarx_pass.calibrated import outlier
 from equarx_pass.hlo_builder import (
   ChannelAllocator,
   Collectives,
@@ -203,7 +203,7 @@ def emit_feature_stats(value: ir.Value) -> list[ir.Value]:
   """Per feature (last dimension) of a tensor: [absmax, mean square], each f32 [1, H].
 
   NaN counts as +inf in the absmax (as in quantize.py), so non-finite data shows
-  as an infinite range.  calibrate (observe.py) records these.
+  as an infinite range.  calibrate (calibrate.py) records these.
   """
   em = Emitter()
   rows, features = outlier.rows_and_features(shape_of(value))

@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from equarx_pass import outlier
+from equarx_pass.calibrated import outlier
 from equarx_pass.errors import ParseError
 
 FORMAT = "equarx-calibration"
