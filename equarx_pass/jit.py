@@ -151,6 +151,10 @@ class Jitted:
     # updated=(): copying fun.__dict__ would let a wrapped pmap shadow our own fields.
     functools.update_wrapper(self, fun, updated=())
 
+  def lower_plain(self, *args, **kwargs):
+    """The lowering plain jax.jit makes of the same function, nothing rewritten."""
+    return self._jitted.lower(*args, **kwargs)
+
   def split_arguments(self, args, kwargs):
     """(dynamic args, dynamic kwargs, cache key)."""
     n = len(args)

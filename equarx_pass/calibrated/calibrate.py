@@ -313,7 +313,7 @@ def calibrate(
 
 def _observation_program(jitted, args, kwargs, policy: Policy):
   """(compiled observation program or None when nothing is observable, observed, unobserved)."""
-  lowered = jitted._jitted.lower(*args, **kwargs)
+  lowered = jitted.lower_plain(*args, **kwargs)
   module, observed, unobserved = observation_module(lowered.compiler_ir("stablehlo"), policy)
   if not observed:
     return None, observed, unobserved
