@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -95,12 +95,40 @@ class FlatSite:
     return self.em.unflatten_like(values, self.types)
 
 
+@dataclasses.dataclass(frozen=True)
+class Pieces:
+  """A reduce-scatter's or all-gather's operand as chunk rows: its `dimension` moved to
+  the front, then `rows` pieces (a reduce-scatter's N, rank r's piece in row r; an
+  all-gather's one, this rank's) of equal size, each padded to the chunk.  `result` is
+  the collective's result type."""
+
+  dimension: int
+  rows: int
+  result: ir.RankedTensorType
+
+
+def _moved_shape(shape: Sequence[int], dimension: int) -> tuple[int, ...]:
+  return (shape[dimension], *shape[:dimension], *shape[dimension + 1 :])
+
+
+def _moved_order(rank: int, dimension: int) -> list[int]:
+  """The transpose that moves `dimension` to the front."""
+  return [dimension] + [i for i in range(rank) if i != dimension]
+
+
 class TiledSite:
   """The tiled form's start: `chunks` [N, *tile] (rotated where the scheme rotates; 16-bit
   floats stay 16-bit until a step reads them); `finish` takes the gathered codes and
-  scales of all N chunks in chunk order."""
+  scales of all N chunks in chunk order.  With `pieces`, the chunks are a reduce-scatter's
+  or all-gather's rows ([rows, *tile]), and `finish_pieces` / `finish_own` end it."""
 
-  def __init__(self, operands: list[ir.Value], plan: SitePlan, channels: ChannelAllocator):
+  def __init__(
+    self,
+    operands: list[ir.Value],
+    plan: SitePlan,
+    channels: ChannelAllocator,
+    pieces: Pieces | None = None,
+  ):
     em = self.em = Emitter()
     self.plan, self.scheme, self.layout = plan, plan.scheme, plan.layout
     self.coll = Collectives(em, plan, channels)
@@ -131,7 +159,11 @@ class TiledSite:
     # 16-bit floats stay 16-bit until a step reads them (exact), and enter the rotation's
     # matmul as they are: their products with +-1 are exact and the sums f32.
     entry = narrow_float(self.types) or em.f32
-    x = em.reshape(em.flat_padded(operands, entry, plan.layout.padded), (self.n, *self.tile))
+    self.pieces = pieces
+    if pieces is None:
+      x = em.reshape(em.flat_padded(operands, entry, plan.layout.padded), (self.n, *self.tile))
+    else:
+      x = em.reshape(self._piece_rows(operands[0], pieces, entry), (pieces.rows, *self.tile))
     if self.size and plan.matmul_rotation:
       # (H / size) x in one matmul: the power-of-two scale is exact in the matrix and in
       # the products (the same value as scaling first, unless a sum overflows).
@@ -143,6 +175,50 @@ class TiledSite:
       x = em.reshape(rotation_emit.hadamard(em, flat, self.size), shape)
     self.chunks = x
 
+  def _piece_rows(self, operand: ir.Value, pieces: Pieces, entry: ir.Type) -> ir.Value:
+    """The operand's pieces, [rows, C] of `entry`: moved, cut, each padded to the chunk."""
+    em, c = self.em, self.layout.chunk
+    shape = shape_of(operand)
+    x = operand
+    if pieces.dimension:
+      x = hlo.TransposeOp(x, _moved_order(len(shape), pieces.dimension)).result
+    size = int(np.prod(shape, dtype=np.int64)) // pieces.rows
+    x = em.reshape(em.convert(x, entry), (pieces.rows, size))
+    if c > size:
+      x = hlo.PadOp(x, em.splat(0, (), entry), [0, 0], [0, c - size], [0, 0]).result
+    return x
+
+  def _from_rows(self, values: ir.Value, rows: int) -> ir.Value:
+    """f32 values of `rows` chunks (any shape, in order) -> the pieces in the result's
+    shape and type: padding cut, the moved dimension back in place."""
+    em, pieces = self.em, self.pieces
+    assert pieces is not None
+    result = pieces.result
+    moved = _moved_shape(result.shape, pieces.dimension)
+    size = int(np.prod(moved, dtype=np.int64)) // rows
+    x = em.reshape(values, (rows, self.layout.chunk))
+    if size < self.layout.chunk:
+      x = em.slice(x, (0, 0), (rows, size))
+    x = em.reshape(x, moved)
+    if pieces.dimension:
+      back = np.argsort(_moved_order(len(moved), pieces.dimension))
+      x = hlo.TransposeOp(x, [int(i) for i in back]).result
+    return em.convert(x, result.element_type)
+
+  def finish_own(self, values: ir.Value) -> list[ir.Value]:
+    """A reduce-scatter's end: this rank's f32 sum [*tile] (rotated domain) -> its piece.
+    The inverse rotation runs on the f32 sums: the model's butterflies, then the signs."""
+    em = self.em
+    if self.size:
+      flat = em.reshape(values, (self.layout.chunk,))
+      flat = rotation_emit.butterflies(em, flat, self.size)
+      values = rotation_emit.times_per_position(em, flat, rotation.signs(self.size))
+    return [self._from_rows(values, 1)]
+
+  def finish_pieces(self, codes: ir.Value, scales: ir.Value) -> list[ir.Value]:
+    """An all-gather's end: every rank's codes and scales, in group order -> the result."""
+    return [self._from_rows(self._dequantize(codes, scales), self.layout.group_size)]
+
   def local(self, index: ir.Value) -> ir.Value:
     """This rank's chunk `index` (a traced i32 scalar), f32 [*tile]."""
     em = self.em
@@ -153,6 +229,10 @@ class TiledSite:
 
   def finish(self, codes: ir.Value, scales: ir.Value) -> list[ir.Value]:
     """All N chunks' codes [N R, ...] and scales [N R, ...], in chunk order -> the results."""
+    return self.em.unflatten_like(self._dequantize(codes, scales), self.types)
+
+  def _dequantize(self, codes: ir.Value, scales: ir.Value) -> ir.Value:
+    """Codes and scales -> f32 values, rotated back where the scheme rotates."""
     em = self.em
     if self.size:
       values = rotation_emit.matmul(
@@ -170,7 +250,7 @@ class TiledSite:
       values = hlo.MulOp(values, em.bcast(scales, shape_of(values), lead)).result
     else:
       values = self.codec.dequantize(codes, scales)
-    return em.unflatten_like(values, self.types)
+    return values
 
 
 def plus_zero(em: Emitter, x: ir.Value) -> ir.Value:

@@ -82,10 +82,11 @@ def _format_lowering(low: LoweringReport) -> str:
       f"partitioning compile {low.first_compile_seconds:.2f} s)"
     )
   text = report.format_table(low.records, title)
-  if low.compiled_all_reduces is not None and low.compiled_all_reduces != len(low.records):
+  sites = sum(r.found_as == "all_reduce" for r in low.records)
+  if low.compiled_all_reduces is not None and low.compiled_all_reduces != sites:
     text += (
       f"\nplain jax.jit's compiled program holds {low.compiled_all_reduces} "
-      f"all-reduces for these {len(low.records)} sites: XLA merges all-reduces "
+      f"all-reduces for these {sites} all-reduce sites: XLA merges all-reduces "
       "after partitioning (its all-reduce combiner), so a site here can be part of "
       "a larger one there"
     )
@@ -228,7 +229,7 @@ class Jitted:
     mode = self.policy.partitioned
     if mode == "off" or match.module_facts(module).num_partitions <= 1:
       return False
-    return mode == "on" or not match.find_all_reduces(module)
+    return mode == "on" or not match.find_sites(module, self.policy.ops)
 
   def _rewrite_partitioned(self, lowered, args, kwargs):
     done = partitioned.rewrite_partitioned(lowered, self.policy)

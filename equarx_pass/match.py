@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Callable, Union
+from typing import Any, Callable, Literal, Union
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -22,6 +22,10 @@ from equarx_pass.layout import ChunkLayout, DeviceKind, GroupSchedule, make_sche
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
 ALL_REDUCE = "stablehlo.all_reduce"
+# With --equarx_ops: reduce-scatters and all-gathers (sites after the all-reduces).
+REDUCE_SCATTER = "stablehlo.reduce_scatter"
+ALL_GATHER = "stablehlo.all_gather"
+Kind = Literal["all_reduce", "reduce_scatter", "all_gather"]
 # MHLO's all-reduce.  parse.py converts a module holding one to StableHLO; one that is
 # still there (the conversion failed) is a site skipped with the reason, never ignored.
 MHLO_ALL_REDUCE = "mhlo.all_reduce"
@@ -131,6 +135,26 @@ def find_all_reduces(module: ir.Module) -> list[ir.Operation]:
   unused functions, and counting those would count each site twice.
   """
   return [op for func in called_functions(module) for op in walk(func) if is_all_reduce(op)]
+
+
+def find_sites(module: ir.Module, ops: tuple[str, ...] = ("all_reduce",)) -> list[ir.Operation]:
+  """The collectives of the kinds in `ops` that can run (find_all_reduces' rule): the
+  all-reduces first, so their indices (which calibration files name) do not depend on
+  `ops`, then the reduce-scatters, then the all-gathers."""
+  functions = called_functions(module)
+  found = find_all_reduces(module) if "all_reduce" in ops else []
+  for kind, name in (("reduce_scatter", REDUCE_SCATTER), ("all_gather", ALL_GATHER)):
+    if kind in ops:
+      found += [op for func in functions for op in walk(func) if op.name == name]
+  return found
+
+
+def kind_of(op: ir.Operation) -> Kind:
+  if op.name == REDUCE_SCATTER:
+    return "reduce_scatter"
+  if op.name == ALL_GATHER:
+    return "all_gather"
+  return "all_reduce"
 
 
 def unused_all_reduces(module: ir.Module) -> int:
@@ -252,6 +276,8 @@ class Site:
   device_kind: DeviceKind
   num_devices: int
   async_computation: str | None = None  # the async computation it is in, if any
+  kind: Kind = "all_reduce"
+  dimension: int = 0  # a reduce-scatter's scatter or an all-gather's gather dimension
 
   @property
   def nbytes(self) -> int:
@@ -268,6 +294,9 @@ class Candidate:
   op: ir.Operation
   layout: ChunkLayout
   schedule: GroupSchedule
+  # A reduce-scatter written as an all-reduce whose one use slices out each rank's own
+  # piece (what SPMD partitioning makes of a gradient's reduce-scatter): the slice.
+  slice_op: ir.Operation | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,9 +337,11 @@ def _location(op: ir.Operation) -> str:
 def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, str | None]:
   """The Site for an all-reduce, and why its replica groups are unusable (or None)."""
   operands = []
-  # The result's element type: an all-reduce may promote (bf16 in, f32 out), and the
-  # sum happens in the result's type.
-  for value in op.results:
+  kind = kind_of(op)
+  # An all-reduce's result type: it may promote (bf16 in, f32 out), and the sum happens
+  # in the result's type.  A reduce-scatter's or all-gather's operand: what is split or
+  # sent (the element types are the same).
+  for value in op.results if kind == "all_reduce" else op.operands:
     if isinstance(value.type, ir.ShapedType):
       t = ir.ShapedType(value.type)
       shape = tuple(t.shape) if t.has_rank and t.has_static_shape else None
@@ -325,16 +356,16 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
   problem = None
   if has_channel and global_ids:
     # Groups hold global ids = replica * num_partitions + partition.
-    kind: DeviceKind = "partition"
+    device_kind: DeviceKind = "partition"
     num_devices = facts.num_partitions * facts.num_replicas
     if facts.num_replicas != 1:
       problem = "global device ids with several replicas (a permute addresses one dimension only)"
   elif has_channel:
-    kind, num_devices = "partition", facts.num_partitions
+    device_kind, num_devices = "partition", facts.num_partitions
     if facts.num_replicas != 1:
       problem = "cross-replica-and-partition groups with several replicas"
   else:
-    kind, num_devices = "replica", facts.num_replicas
+    device_kind, num_devices = "replica", facts.num_replicas
   if "replica_groups" in attrs:
     groups, group_problem = _replica_groups(attrs["replica_groups"], num_devices, facts)
   else:
@@ -342,14 +373,20 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
   if has_channel and not global_ids and problem is None:
     groups = (tuple(range(num_devices)),)  # num_replicas == 1: all partitions, one group
   function = enclosing_function(op)
+  dimension_attr = {"reduce_scatter": "scatter_dimension", "all_gather": "all_gather_dim"}
+  dimension = 0
+  if kind in dimension_attr:
+    dimension = ir.IntegerAttr(attrs[dimension_attr[kind]]).value
   site = Site(
     index,
     _location(op),
     tuple(operands),
     groups,
-    kind,
+    device_kind,
     num_devices,
     function if function in facts.async_computations else None,
+    kind,
+    dimension,
   )
   return site, problem or group_problem
 
@@ -456,7 +493,7 @@ def _check_supported_groups(site, op, policy, problem):
 
 
 def _check_reduction(site, op, policy, problem):
-  if not _reduction_is_add(op):
+  if site.kind != "all_gather" and not _reduction_is_add(op):
     return "reduction is not add (only sums are quantized)"
 
 
@@ -482,12 +519,30 @@ def _check_group_size(site, op, policy, problem):
     return "group of one device: nothing to reduce"
 
 
+def _check_pieces(site, op, policy, problem):
+  """A reduce-scatter or all-gather: one operand, and the tiled form (the only one these
+  are emitted in)."""
+  if site.kind == "all_reduce":
+    return None
+  if len(site.operands) != 1:
+    return f"{site.kind} of several operands"
+  (operand,) = site.operands
+  if site.kind == "reduce_scatter" and operand.shape[site.dimension] % site.group_size:
+    return f"scatter dimension of {operand.shape[site.dimension]} not divisible by the group"
+  _, flat_why = policy.resolved()
+  if flat_why:
+    return f"{site.kind} is emitted in the tiled form only, and {flat_why}"
+  if site.kind == "reduce_scatter" and not policy.scheme.algo.emits_reduce_scatter:
+    return f"reduce_scatter: {policy.scheme.algorithm} has no reduce-scatter half"
+
+
 def _check_known_divergence(site, op, policy, problem):
   """Configurations measured to break "every rank ends with the same bits": skipped
   with the reason rather than rewritten (BUILD_NOTES, "Faithfulness decisions")."""
   scheme = policy.scheme
   if (
-    site.group_size == 2
+    site.kind == "all_reduce"
+    and site.group_size == 2
     and scheme.fmt.bits == 4
     and scheme.block_layout == "grid"
     and scheme.algorithm != "two_shot"
@@ -507,6 +562,7 @@ CHECKS: list[Callable] = [
   _check_types,
   _check_size,
   _check_group_size,
+  _check_pieces,
   _check_known_divergence,
 ]
 
@@ -518,9 +574,95 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
     if reason:
       return Skip(site, reason)
   assert site.groups is not None  # _check_supported_groups skips sites without
+  if site.kind == "all_reduce" and "reduce_scatter" in policy.ops and not policy.identity:
+    piece = own_piece_slice(op, site)
+    if piece is not None:
+      dimension, slice_op = piece
+      scattered = dataclasses.replace(site, kind="reduce_scatter", dimension=dimension)
+      if _check_pieces(scattered, op, policy, problem) is None:
+        layout = policy.scheme.layout(scattered.operands[0].size, site.group_size)
+        return Candidate(scattered, op, layout, make_schedule(site.groups), slice_op)
   total = sum(o.size for o in site.operands)
+  if site.kind == "all_gather":  # every rank's piece, as a reduce-scatter's operand
+    total *= site.group_size
   layout = policy.scheme.layout(total, site.group_size)
   return Candidate(site, op, layout, make_schedule(site.groups))
+
+
+def own_piece_slice(op: ir.Operation, site: Site) -> tuple[int, ir.Operation] | None:
+  """(dimension, the slice) when the all-reduce's one use is a dynamic_slice that gives
+  each device of a group its own piece, in group order, along one dimension: a
+  reduce-scatter.  The slice's start indices must be constants or a constant table
+  indexed by the device id (SPMD partitioning's form), known for every device."""
+  if len(op.operands) != 1 or site.groups is None:
+    return None
+  users = [use.owner for use in op.results[0].uses]
+  if len(users) != 1 or users[0].name != "stablehlo.dynamic_slice":
+    return None
+  slice_op = users[0].operation
+  if slice_op.operands[0] != op.results[0]:
+    return None
+  shape = ir.RankedTensorType(op.results[0].type).shape
+  sizes = list(ir.DenseI64ArrayAttr(slice_op.attributes["slice_sizes"]))
+  starts = [
+    _per_device_values(v, site.num_devices, site.device_kind) for v in slice_op.operands[1:]
+  ]
+  if any(s is None for s in starts):
+    return None
+  cut = [i for i, (size, full) in enumerate(zip(sizes, shape)) if size != full]
+  n = site.group_size
+  if len(cut) != 1 or shape[cut[0]] != sizes[cut[0]] * n:
+    return None
+  (dimension,) = cut
+  for group in site.groups:
+    for rank, device in enumerate(group):
+      offsets = [s[device] for s in starts]  # type: ignore[index]
+      want = [rank * sizes[dimension] if i == dimension else 0 for i in range(len(shape))]
+      if offsets != want:
+        return None
+  return dimension, slice_op
+
+
+def _per_device_values(value: ir.Value, num_devices: int, device_kind: str) -> list[int] | None:
+  """An i32 scalar's value on each device, where it is a constant or a constant table
+  indexed by the partition (or replica) id, through reshapes and converts; else None."""
+  owner = value.owner
+  if not isinstance(owner, ir.OpView) and not isinstance(owner, ir.Operation):
+    return None
+  op = owner.operation
+  if op.name == "stablehlo.constant":
+    attr = op.attributes["value"]
+    if not isinstance(attr, ir.DenseIntElementsAttr) or not attr.is_splat:
+      return None
+    return [ir.IntegerAttr(attr.get_splat_value()).value] * num_devices
+  if op.name in ("stablehlo.reshape", "stablehlo.convert"):
+    return _per_device_values(op.operands[0], num_devices, device_kind)
+  if op.name == "stablehlo.dynamic_slice" and len(op.operands) == 2:
+    table_op = op.operands[0].owner
+    index = op.operands[1]
+    if not _is_device_id(index, device_kind):
+      return None
+    table_attr = (
+      table_op.operation.attributes["value"] if table_op.name == "stablehlo.constant" else None
+    )
+    if not isinstance(table_attr, ir.DenseIntElementsAttr):
+      return None
+    table = [int(v) for v in table_attr]  # type: ignore[attr-defined]
+    if len(table) < num_devices:
+      return None
+    return table[:num_devices]
+  return None
+
+
+def _is_device_id(value: ir.Value, device_kind: str) -> bool:
+  """Whether an index is the partition id (partition mode) or replica id, converted or
+  reshaped."""
+  op = value.owner.operation if hasattr(value.owner, "operation") else None
+  while op is not None and op.name in ("stablehlo.reshape", "stablehlo.convert"):
+    inner = op.operands[0].owner
+    op = inner.operation if hasattr(inner, "operation") else None
+  want = "stablehlo.partition_id" if device_kind == "partition" else "stablehlo.replica_id"
+  return op is not None and op.name == want
 
 
 def channel_id(op: ir.Operation) -> int:

@@ -20,10 +20,16 @@ from equarx_pass.errors import FlagError
 
 ENV_VAR = "EQUARX_FLAGS"
 DTYPES = ("bf16", "f16", "f32")
+# The collectives the pass may rewrite: float-sum all-reduces (the default), and, when
+# named, float-sum reduce-scatters and all-gathers (match.py, reduce_scatter.py,
+# all_gather.py).
+Op = Literal["all_reduce", "reduce_scatter", "all_gather"]
+OPS = get_args(Op)
 # What the scheme flags may name: the keys of the registries (formats/, algorithms/).
 FORMATS = tuple(FORMAT_REGISTRY)
 ALGORITHMS = tuple(ALGORITHM_REGISTRY)
 ROTATIONS = rotation_lib.ROTATIONS
+ROUNDINGS = scheme_lib.ROUNDINGS
 BLOCK_LAYOUTS = scheme_lib.BLOCK_LAYOUTS
 # Where equarx_pass.jit looks for all-reduces (partitioned.py): in the lowered
 # StableHLO, in the per-device program after SPMD partitioning, or (auto) in the
@@ -62,6 +68,7 @@ class Policy:
   min_bytes: int = 131072  # skip all-reduces smaller than this (total operand bytes)
   max_bytes: int = 0  # skip larger ones; 0 = no upper bound
   dtypes: tuple[str, ...] = DTYPES
+  ops: tuple[Op, ...] = ("all_reduce",)  # the collectives to rewrite
   block_size: int = 0  # values per f32 scale; 0: the form's default (resolved)
   format: str = "int8"
   # Default: the scheme that meets the accuracy targets (README, "Schemes"):
@@ -70,6 +77,7 @@ class Policy:
   rotation: str = "hadamard"
   rotation_size: int = 0  # Hadamard block, a power of two (0: see Scheme)
   microshards: int = 1  # independent permutes per ring step
+  rounding: str = "nearest"  # or "stochastic": integer codes rounded with a uniform draw
   # Ring schemes: sites with at least this many operand bytes get their reduce-scatter
   # steps written out.  A loop copies all N chunks on every call (about a third of the
   # int8 ring's run time for 32 MiB of bf16 on XLA:CPU); written out, the module grows by
@@ -101,6 +109,8 @@ class Policy:
       raise FlagError(
         f"--equarx_block_size must be in [1, 1048576] (0: the default), got {self.block_size}"
       )
+    if not self.ops or any(o not in OPS for o in self.ops):
+      raise FlagError(f"--equarx_ops takes a comma list of {','.join(OPS)}, got {self.ops}")
     bad = [d for d in self.dtypes if d not in DTYPES]
     if bad or not self.dtypes:
       raise FlagError(
@@ -110,6 +120,7 @@ class Policy:
       ("format", self.format, FORMATS),
       ("algorithm", self.algorithm, ALGORITHMS),
       ("rotation", self.rotation, ROTATIONS),
+      ("rounding", self.rounding, ROUNDINGS),
       ("block_layout", self.block_layout, BLOCK_LAYOUTS),
       ("partitioned", self.partitioned, PARTITIONED_MODES),
       ("outline", self.outline, OUTLINE_MODES),
@@ -124,6 +135,10 @@ class Policy:
       raise FlagError(f"inconsistent --equarx_* flags: {e}") from None
     if self.form == "tiled" and scheme.flat_only():
       raise FlagError(f"--equarx_form=tiled: {scheme.flat_only()}")
+    if self.rounding == "stochastic" and self._flat_why():
+      raise FlagError(
+        f"--equarx_rounding=stochastic is emitted in the tiled form only, and {self._flat_why()}"
+      )
     if self.compile_for:
       parse_compile_target(self.compile_for)
     if not (self.calibration_clip == 0 or 1 <= self.calibration_clip <= 100):
@@ -136,6 +151,11 @@ class Policy:
     """The quantized all-reduce this policy emits (scheme.Scheme), defaults filled in."""
     policy, _ = self.resolved()
     return policy._scheme(policy.block_size, policy.rotation_size)
+
+  def _flat_why(self) -> str | None:
+    """Why the flat form is emitted (None: the tiled form is)."""
+    scheme = self._scheme(self.block_size or self._default_block(), self.rotation_size)
+    return "--equarx_form=flat" if self.form == "flat" else scheme.flat_only()
 
   def _default_block(self) -> int:
     """Values per scale when --equarx_block_size is not given and nothing else decides:
@@ -152,6 +172,7 @@ class Policy:
       self.rotation,
       rotation_size,
       self.microshards,
+      self.rounding,
     )
 
   def outlines(self, platform: str | None) -> bool:
@@ -180,8 +201,7 @@ class Policy:
     fixes its block (mxint8) has that block in both forms.
     """
     default = self._default_block()
-    flat_only = self._scheme(self.block_size or default, self.rotation_size).flat_only()
-    why = "--equarx_form=flat" if self.form == "flat" else flat_only
+    why = self._flat_why()
     if why:
       return self.replace(block_size=self.block_size or default), why
     one_rotation = max(ROTATION_SIZE_TILED, self.rotation_size)
@@ -260,9 +280,9 @@ def _parse_float(name: str, text: str | None) -> float:
     raise FlagError(f"--{name} takes a number, got {text!r}") from None
 
 
-def _parse_dtypes(name: str, text: str | None) -> tuple[str, ...]:
+def _parse_list(name: str, text: str | None) -> tuple[str, ...]:
   if text is None:
-    raise FlagError(f"--{name} needs a value, e.g. --{name}=bf16,f32")
+    raise FlagError(f"--{name} needs a value: --{name}=A,B")
   return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
@@ -307,8 +327,14 @@ FLAGS = {
     Flag(
       "equarx_dtypes",
       "dtypes",
-      _parse_dtypes,
+      _parse_list,
       "element types to rewrite, comma list of bf16,f16,f32",
+    ),
+    Flag(
+      "equarx_ops",
+      "ops",
+      _parse_list,
+      "collectives to rewrite, comma list of " + ",".join(OPS) + " (default all_reduce)",
     ),
     Flag(
       "equarx_block_size",
@@ -320,6 +346,12 @@ FLAGS = {
     Flag("equarx_format", "format", _parse_str, "wire format: " + ",".join(FORMATS)),
     Flag("equarx_algorithm", "algorithm", _parse_str, "collective: " + ",".join(ALGORITHMS)),
     Flag("equarx_rotation", "rotation", _parse_str, "rotation before quantizing: none,hadamard"),
+    Flag(
+      "equarx_rounding",
+      "rounding",
+      _parse_str,
+      "integer codes: nearest (even), or stochastic (a stateless uniform draw; tiled form)",
+    ),
     Flag(
       "equarx_rotation_size",
       "rotation_size",

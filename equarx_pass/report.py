@@ -74,7 +74,8 @@ def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
   done = [r for r in records if r.rewritten]
   before = sum(r.bytes_before for r in done)
   after = sum(r.bytes_after for r in done)
-  summary = f"{len(done)} of {len(records)} all-reduce sites rewritten"
+  noun = "all-reduce" if all(r.kind == "all_reduce" for r in records) else "collective"
+  summary = f"{len(done)} of {len(records)} {noun} sites rewritten"
   if done:
     summary += (
       f"; wire bytes per rank {_bytes(before)} -> {_bytes(after)} ({before / after:.2f}x less)"

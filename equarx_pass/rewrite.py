@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import io
 import time
-from typing import Literal
+from typing import Callable, Literal
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -24,7 +24,8 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass import match
 from equarx_pass.calibrated import calibration, outlier
-from equarx_pass.forms import SitePlan
+from equarx_pass.all_gather import emit_all_gather
+from equarx_pass.forms import Pieces, SitePlan
 from equarx_pass.hlo_builder import ChannelAllocator
 from equarx_pass.calibrated.outlier_emit import CalibratedPlan, emit_calibrated_allreduce
 from equarx_pass.errors import InternalError, VerifyError
@@ -37,7 +38,8 @@ Verdict = Literal["rewritten", "skipped"]
 
 @dataclasses.dataclass(frozen=True)
 class SiteRecord:
-  """What happened to one all-reduce; the report and the CLI print these."""
+  """What happened to one collective (an all-reduce, or with --equarx_ops a reduce-scatter
+  or an all-gather); the report and the CLI print these."""
 
   index: int
   location: str
@@ -47,8 +49,10 @@ class SiteRecord:
   num_groups: int
   decision: Verdict
   reason: str  # why skipped, or the scheme used
-  bytes_before: int  # bytes one rank sends: ring all-reduce in the original dtype
+  bytes_before: int  # bytes one rank sends: a ring of the original dtype (all-reduce, ...)
   bytes_after: int  # bytes one rank sends after the rewrite (= before when skipped)
+  kind: match.Kind = "all_reduce"  # what it is rewritten as
+  found_as: match.Kind = "all_reduce"  # the op in the program (an all-reduce may be sliced)
 
   @property
   def rewritten(self) -> bool:
@@ -67,10 +71,15 @@ class RewriteResult:
 
 
 def _ring_bytes_before(site: match.Site) -> int:
-  """Bytes per rank of an unquantized ring all-reduce of the site's operands."""
+  """Bytes per rank of an unquantized ring all-reduce of the site's operands (a
+  reduce-scatter: its first half; an all-gather: N-1 of its pieces)."""
   n = max(site.group_size, 1)
   total = 0
   for o in site.operands:
+    if site.kind != "all_reduce":
+      piece = o.size // n if site.kind == "reduce_scatter" else o.size
+      total += (n - 1) * piece * DTYPE_BYTES.get(o.dtype, match.bytes_of(o.dtype))
+      continue
     per_chunk = -(-o.size // n)
     total += 2 * (n - 1) * per_chunk * DTYPE_BYTES.get(o.dtype, match.bytes_of(o.dtype))
   return total
@@ -86,7 +95,7 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
   elif policy.identity:
     after, reason = before, "identity: the native all-reduce, rebuilt"
   else:
-    after = policy.scheme.wire_bytes(decision.layout)
+    after = policy.scheme.wire_bytes(decision.layout, site.kind)
     reason = policy.scheme.describe() + _padding_note(after, before)
     if flat_why is None:
       reason += "; tiled form"
@@ -94,6 +103,14 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
       reason += f"; flat form ({flat_why})"
   if isinstance(decision, match.Candidate):
     reason += _promotion_note(decision.op)
+  if site.kind == "all_gather" and verdict == "rewritten" and not policy.identity:
+    # The algorithm does not enter an all-gather: one quantization, one all_gather.
+    reason = reason.replace(f" {policy.scheme.algorithm}", "", 1)
+  sliced = isinstance(decision, match.Candidate) and decision.slice_op is not None
+  if sliced:
+    reason = f"an all-reduce and the slice of each rank's piece: {reason}"
+  if site.kind != "all_reduce":
+    reason = f"{site.kind}: {reason}"
   return SiteRecord(
     site.index,
     site.location,
@@ -105,6 +122,8 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     reason,
     before,
     after,
+    site.kind,
+    "all_reduce" if sliced else site.kind,
   )
 
 
@@ -148,7 +167,7 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
   target = policy.target_platform(platform)
   policy, flat_why = policy.resolved()
   facts = match.module_facts(out)
-  ops = match.find_all_reduces(out)
+  ops = match.find_sites(out, policy.ops)
   decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
   records = [_record(d, policy, flat_why) for d in decisions]
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
@@ -200,10 +219,25 @@ def _replace(
     unrolled=cand.site.nbytes >= policy.unroll_min_bytes,
     matmul_rotation=matmul_rotation,
   )
+  site = cand.site
+  emit: Callable[[list[ir.Value]], list[ir.Value]]
+  if site.kind == "all_reduce":
+    emit = functools.partial(scheme.algo.emit, plan=plan, channels=channels, tiled=tiled_form)
+    what = f"the quantized {scheme.algorithm} all-reduce"
+  else:
+    result = (cand.slice_op or cand.op).results[0]
+    pieces = Pieces(
+      site.dimension,
+      site.group_size if site.kind == "reduce_scatter" else 1,
+      ir.RankedTensorType(result.type),
+    )
+    emitter = scheme.algo.emit_pieces if site.kind == "reduce_scatter" else emit_all_gather
+    emit = lambda operands: emitter(operands[0], plan, channels, pieces)  # noqa: E731
+    what = f"the quantized {site.kind}"
   _emit_in_place(
     cand,
-    lambda operands: scheme.algo.emit(operands, plan, channels, tiled_form),
-    f"the quantized {scheme.algorithm} all-reduce",
+    emit,
+    what,
     "rerun without --equarx_enable or exclude it with --equarx_max_bytes/--equarx_dtypes",
     outline_into,
   )
@@ -231,12 +265,15 @@ def _emit_in_place(
   pair = match.async_pair(op)
   if isinstance(pair, str):  # matching skips these
     raise InternalError(f"all-reduce #{cand.site.index}: {pair}")
-  if pair is not None:
+  if cand.slice_op is not None:  # an all-reduce and the slice of each rank's piece
+    sliced = cand.slice_op
+    at, operands, old_results, erase = sliced, list(op.operands), list(sliced.results), [sliced, op]
+  elif pair is not None:
     start, done = pair
     at, operands, old_results, erase = done, list(start.operands), list(done.results), [done, start]
   else:
     at, operands, old_results, erase = op, list(op.operands), list(op.results), [op]
-  result_types = [v.type for v in op.results]
+  result_types = [v.type for v in old_results]
 
   def emit_promoted(values):
     return emit([_promote(v, t) for v, t in zip(values, result_types)])
@@ -327,6 +364,8 @@ def _calibrated_plans(
   plans = {}
   for cand in candidates:
     site = cand.site
+    if site.kind != "all_reduce":
+      continue
     i = site.index  # records are in site order
     why: str | None
     if len(site.operands) != 1:

@@ -21,6 +21,7 @@ from equarx_pass.formats import FORMATS, Format
 from equarx_pass.layout import GRID_SCALES, ChunkLayout, chunk_layout, pad_chunks, unpad
 
 BLOCK_LAYOUTS = ("fixed", "grid")
+ROUNDINGS = ("nearest", "stochastic")
 GRID_ROTATION_SIZE = 128
 
 
@@ -43,6 +44,7 @@ class Scheme:
   rotation: str = rotation.NONE
   rotation_size: int = 0  # 0: the default for the block layout (resolved_rotation_size)
   microshards: int = 1
+  rounding: str = "nearest"  # or "stochastic" (integer formats, formats/integer.py)
 
   def __post_init__(self) -> None:
     if self.algorithm not in ALGORITHMS:
@@ -53,6 +55,10 @@ class Scheme:
       raise ValueError(f"block layout must be fixed or grid, got {self.block_layout!r}")
     if self.rotation not in rotation.ROTATIONS:
       raise ValueError(f"rotation must be none or hadamard, got {self.rotation!r}")
+    if self.rounding not in ROUNDINGS:
+      raise ValueError(f"rounding must be one of {', '.join(ROUNDINGS)}, got {self.rounding!r}")
+    if self.rounding == "stochastic" and not hasattr(FORMATS[self.format], "stochastic"):
+      raise ValueError(f"stochastic rounding is for integer formats, not {self.format}")
     fixed = self.fmt.block
     if fixed and (self.block_layout != "fixed" or self.block_size != fixed):
       raise ValueError(
@@ -99,7 +105,10 @@ class Scheme:
 
   @property
   def fmt(self) -> Format:
-    return FORMATS[self.format]
+    fmt = FORMATS[self.format]
+    if self.rounding == "stochastic":
+      return dataclasses.replace(fmt, stochastic=True)  # type: ignore[call-arg]
+    return fmt
 
   @property
   def algo(self) -> Algorithm:
@@ -126,9 +135,15 @@ class Scheme:
     size = layout.chunk // count
     return [Lane(1 if i < self.microshards else -1, i * size, size) for i in range(count)]
 
-  def wire_bytes(self, layout: ChunkLayout) -> int:
+  def wire_bytes(self, layout: ChunkLayout, kind: str = "all_reduce") -> int:
     """Bytes one rank sends for a site of `layout`, as the algorithm sends them: what
-    the report prices and tools/wire_bytes.py counts from the emitted collectives."""
+    the report prices and tools/wire_bytes.py counts from the emitted collectives.  A
+    reduce-scatter sends the algorithm's first half; an all-gather, N-1 quantized pieces
+    whatever the algorithm."""
+    if kind == "reduce_scatter":
+      return self.algo.reduce_scatter_wire_bytes(layout, self.fmt)
+    if kind == "all_gather":
+      return (layout.group_size - 1) * self.fmt.payload_bytes(layout.chunk, layout.blocks)
     return self.algo.wire_bytes(layout, self.fmt)
 
   def flat_only(self) -> str | None:
@@ -150,6 +165,8 @@ class Scheme:
       parts.append(f"{self.rotation} {self.resolved_rotation_size}")
     if self.microshards > 1:
       parts.append(f"{self.microshards} microshards")
+    if self.rounding != "nearest":
+      parts.append(f"{self.rounding} rounding")
     return ", ".join(parts)
 
   def bits_per_value(self, layout: ChunkLayout) -> float:
@@ -184,3 +201,83 @@ def reference(
 
   out = scheme.algo.reference(x, scheme, layout, finish)
   return [unpad(v, layout, shape, out_dtype) for v in out]
+
+
+def _piece_rows(x: np.ndarray, dimension: int, rows: int, chunk: int) -> np.ndarray:
+  """An operand as `rows` pieces along `dimension` (moved to the front), f32 [rows, chunk],
+  each zero-padded: what the tiled form's reduce-scatter and all-gather start from."""
+  moved = np.moveaxis(np.asarray(x), dimension, 0).astype(np.float32)
+  flat = moved.reshape(rows, -1)
+  out = np.zeros((rows, chunk), np.float32)
+  out[:, : flat.shape[1]] = flat
+  return out
+
+
+def _from_rows(
+  values: np.ndarray, moved_shape: Sequence[int], dimension: int, out_dtype: DTypeLike
+) -> np.ndarray:
+  """f32 [rows, chunk] -> the pieces, padding cut, in `moved_shape`, dimension put back."""
+  rows = values.shape[0]
+  size = int(np.prod(moved_shape, dtype=np.int64)) // rows
+  moved = values[:, :size].reshape(moved_shape)
+  with np.errstate(over="ignore", invalid="ignore"):
+    return np.moveaxis(moved, 0, dimension).astype(out_dtype)
+
+
+def reduce_scatter_reference(
+  inputs: Sequence[np.ndarray],
+  scheme: Scheme,
+  dimension: int = 0,
+  out_dtype: DTypeLike | None = None,
+) -> list[np.ndarray]:
+  """Per-rank results of the scheme's quantized reduce-scatter (--equarx_ops), ranks in
+  group order: rank r gets piece r of the sum along `dimension`.
+
+  Each rank's pieces are quantized on the way (the algorithm's reduce-scatter half:
+  Algorithm.reduce_scatter_reference) and summed in f32; the sum is not quantized again.
+  With a rotation, the sums are rotated back in f32 (butterflies, then the signs).
+  """
+  n = len(inputs)
+  first = np.asarray(inputs[0])
+  out_dtype = out_dtype or first.dtype
+  layout = scheme.layout(first.size, n)
+  x = [_piece_rows(v, dimension, n, layout.chunk) for v in inputs]
+  size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
+  if size:
+    x = [rotation.hadamard(v, size).reshape(v.shape) for v in x]
+  sums = scheme.algo.reduce_scatter_reference(x, scheme, layout)
+  moved = [first.shape[dimension] // n] + [d for i, d in enumerate(first.shape) if i != dimension]
+  out = []
+  for s in sums:
+    if size:
+      s = (rotation.butterflies(s, size).reshape(-1, size) * rotation.signs(size)).reshape(-1)
+    out.append(_from_rows(np.asarray(s, np.float32)[None], moved, dimension, out_dtype))
+  return out
+
+
+def all_gather_reference(
+  inputs: Sequence[np.ndarray],
+  scheme: Scheme,
+  dimension: int = 0,
+  out_dtype: DTypeLike | None = None,
+) -> np.ndarray:
+  """The scheme's quantized all-gather (--equarx_ops): every rank's piece quantized once
+  (rotated first where the scheme rotates) and dequantized by every rank, concatenated
+  along `dimension` in group order.  The same result on every rank."""
+  n = len(inputs)
+  first = np.asarray(inputs[0])
+  out_dtype = out_dtype or first.dtype
+  layout = scheme.layout(n * first.size, n)
+  size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
+  rows = []
+  for v in inputs:
+    x = _piece_rows(v, dimension, 1, layout.chunk)
+    if size:
+      x = rotation.hadamard(x, size).reshape(x.shape)
+    codes, scales = qz.quantize(x, layout.block, scheme.fmt)
+    if size:
+      rows.append(rotation.dequantize_rotated(codes, scales, layout.block, scheme.fmt, size))
+    else:
+      rows.append(qz.dequantize(codes, scales, layout.block, scheme.fmt))
+  moved = [n * first.shape[dimension]] + [d for i, d in enumerate(first.shape) if i != dimension]
+  return _from_rows(np.concatenate(rows), moved, dimension, out_dtype)

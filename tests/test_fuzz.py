@@ -129,6 +129,7 @@ def test_every_scheme_option_is_drawn():
   assert seen["--equarx_format"] == set(policy.FORMATS)
   assert seen["--equarx_rotation"] == set(policy.ROTATIONS)
   assert seen["--equarx_block_layout"] == set(policy.BLOCK_LAYOUTS)
+  assert seen["--equarx_rounding"] == set(policy.ROUNDINGS)
 
 
 def test_unmutated_inputs_cover_every_input_kind(bases):

@@ -32,6 +32,8 @@ SCHEMES = [
   "--equarx_format=fp8_e4m3",
   "--equarx_format=fp8_e5m2 --equarx_algorithm=two_shot",
   "--equarx_format=mxint8",
+  "--equarx_rounding=stochastic",
+  "--equarx_rounding=stochastic --equarx_format=int4 --equarx_algorithm=ring",
   "--equarx_format=mxint8 --equarx_algorithm=ring --equarx_rotation=none",
   "--equarx_format=mxint8 --equarx_algorithm=bidirectional --equarx_microshards=2",
   "--equarx_block_layout=grid",

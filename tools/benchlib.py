@@ -77,6 +77,12 @@ def scheme_label(flags: str) -> str:
     parts.append(p.form)
   if get("platform", "auto") != "auto":
     parts.append(f"for {p.platform}")
+  if get("rounding", "nearest") != "nearest":
+    parts.append(p.rounding)
+  ops = get("ops", ("all_reduce",))
+  if tuple(ops) != ("all_reduce",):
+    short = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG"}
+    parts.append("+".join(short.get(o, o) for o in ops))
   return " ".join(parts)
 
 

@@ -242,6 +242,8 @@ def random_flags(rng: random.Random) -> str:
         f"--equarx_rotation={rng.choice(policy.ROTATIONS)}",
         f"--equarx_block_layout={rng.choice(policy.BLOCK_LAYOUTS)}",
         f"--equarx_microshards={rng.choice([1, 1, 2, 4])}",
+        f"--equarx_rounding={rng.choice(policy.ROUNDINGS)}",
+        f"--equarx_ops={rng.choice(['all_reduce', 'all_reduce,reduce_scatter,all_gather'])}",
       ]
     )
     try:

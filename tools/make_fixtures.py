@@ -223,6 +223,18 @@ def hlo_dump() -> str:
     return dump.read()
 
 
+def scatter_gather():
+  """FSDP-style: all_gather the weight shards, matmul, psum_scatter the product."""
+
+  def body(x, w):
+    w_full = jax.lax.all_gather(w, "tp", axis=0, tiled=True)
+    return jax.lax.psum_scatter(x @ w_full, "tp", scatter_dimension=1, tiled=True)
+
+  mesh = mesh_1d()
+  f = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=(P(), P("tp")), out_specs=P(None, "tp")))
+  return f.lower(spec((TOKENS, HIDDEN)), spec((HIDDEN, FFN)))
+
+
 # name -> (what it is, how to make it).  The README is generated from this table.
 FIXTURES = {
   "tp_mlp_f32.mlir": (
@@ -260,6 +272,11 @@ FIXTURES = {
   "cond_psum_f32.mlir": (
     "a psum in each branch of lax.cond with a replicated predicate",
     cond_psum,
+  ),
+  "scatter_gather_f32.mlir": (
+    "FSDP-style: all_gather of 64x1024 weight shards (256 KiB), a matmul, psum_scatter of "
+    "the 64x1024 product (256 KiB); no all-reduce",
+    scatter_gather,
   ),
 }
 HLO_DUMP = (

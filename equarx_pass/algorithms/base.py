@@ -14,7 +14,7 @@ import numpy as np
 from jax.extend.mlir import ir
 
 from equarx_pass.formats import Format
-from equarx_pass.forms import FlatSite, SitePlan, TiledSite
+from equarx_pass.forms import FlatSite, Pieces, SitePlan, TiledSite
 from equarx_pass.hlo_builder import ChannelAllocator
 from equarx_pass.layout import ChunkLayout
 
@@ -32,6 +32,7 @@ class Algorithm:
   directions: int = 1  # ring directions: each microshard is split into this many lanes
   takes_microshards: bool = True  # whether --equarx_microshards applies
   has_tiled_form: bool = False
+  emits_reduce_scatter: bool = False  # has a reduce-scatter half (--equarx_ops)
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """Bytes one rank sends for a site of `layout`: what the report prices and
@@ -43,6 +44,22 @@ class Algorithm:
   ) -> list[np.ndarray]:
     """The NumPy model: x[r] is rank r's f32 [N, C] (rotated where the scheme rotates);
     returns each rank's f32 [N, C] result."""
+    raise NotImplementedError
+
+  def reduce_scatter_wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
+    """Bytes one rank sends for the reduce-scatter half: N-1 quantized chunks."""
+    return (layout.group_size - 1) * fmt.payload_bytes(layout.chunk, layout.blocks)
+
+  def reduce_scatter_reference(
+    self, x: list[np.ndarray], scheme: Scheme, layout: ChunkLayout
+  ) -> list[np.ndarray]:
+    """The NumPy model of the reduce-scatter half: x[r] is rank r's f32 [N, C] (rotated
+    where the scheme rotates), row c the piece rank c gets; returns rank r's f32 [C]
+    sum of row r, before any final quantization."""
+    raise NotImplementedError
+
+  def emit_reduce_scatter(self, site: TiledSite) -> ir.Value:
+    """The reduce-scatter half, tiled: this rank's f32 sum of its row [*tile]."""
     raise NotImplementedError
 
   def emit_flat(self, site: FlatSite) -> ir.Value:
@@ -64,3 +81,10 @@ class Algorithm:
       return site.finish(*self.emit_tiled(site))
     flat = FlatSite(operands, plan, channels)
     return flat.finish(self.emit_flat(flat))
+
+  def emit_pieces(
+    self, operand: ir.Value, plan: SitePlan, channels: ChannelAllocator, pieces: Pieces
+  ) -> list[ir.Value]:
+    """A reduce-scatter at the current insertion point (tiled): the result, one value."""
+    site = TiledSite([operand], plan, channels, pieces)
+    return site.finish_own(self.emit_reduce_scatter(site))

@@ -63,12 +63,14 @@ def owned_chunk(rank: int, n: int) -> int:
   return (rank + 1) % n
 
 
-def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: Format = INT8) -> list[tuple]:
-  """The quantized ring on chunk matrices: x[r] is rank r's f32 [N, s] (ranks in
-  ring order: r sends to r + 1).  Returns what every rank holds at the end: the
-  codes [N, code bytes] and scales [N, blocks] of all N reduced chunks."""
+def ring_reduce_scatter(
+  x: Sequence[np.ndarray], block: int, fmt: Format = INT8
+) -> list[np.ndarray]:
+  """The ring's reduce-scatter half on chunk matrices: x[r] is rank r's f32 [N, s]
+  (ranks in ring order: r sends to r + 1).  Returns rank r's f32 [s] sum of chunk
+  owned_chunk(r), before its quantization."""
   n = len(x)
-  # Reduce-scatter: partial[r] is what rank r sends at the next step.
+  # partial[r] is what rank r sends at the next step.
   partial = [x[r][r].copy() for r in range(n)]
   for step in range(n - 1):
     sent = [qz.quantize(partial[r], block, fmt) for r in range(n)]
@@ -78,7 +80,15 @@ def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: Format = INT8) -> list
       values = qz.codes_to_f32(q, fmt, block).reshape(s.shape + (block,))
       local = x[r][reduce_scatter_chunk(r, step, n)].reshape(values.shape)
       partial[r] = qz.fused_multiply_add(values, s[:, None], local).reshape(-1)
+  return partial
 
+
+def ring_chunks(x: Sequence[np.ndarray], block: int, fmt: Format = INT8) -> list[tuple]:
+  """The quantized ring on chunk matrices: x[r] is rank r's f32 [N, s] (ranks in
+  ring order: r sends to r + 1).  Returns what every rank holds at the end: the
+  codes [N, code bytes] and scales [N, blocks] of all N reduced chunks."""
+  n = len(x)
+  partial = ring_reduce_scatter(x, block, fmt)
   # Final quantization once; the all-gather forwards the bytes unchanged.
   own = [qz.quantize(partial[r], block, fmt) for r in range(n)]
   gathered: list[list] = [[None] * n for _ in range(n)]
@@ -150,7 +160,7 @@ class Ring(Algorithm):
   def __init__(self, name: str = "ring", directions: int = 1, description: str = ""):
     self.name, self.directions = name, directions
     self.description = description or Ring.description
-    self.has_tiled_form = directions == 1
+    self.has_tiled_form = self.emits_reduce_scatter = directions == 1
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """2(N-1) quantized chunks (bidirectional: each direction a share of every chunk)."""
@@ -169,6 +179,12 @@ class Ring(Algorithm):
       for pos, r in enumerate(order):
         out[r][:, cols] = finish(*res[pos])
     return out
+
+  def reduce_scatter_reference(
+    self, x: list[np.ndarray], scheme: Scheme, layout: ChunkLayout
+  ) -> list[np.ndarray]:
+    """The ring over the rows rolled by one, so that rank r ends owning row r."""
+    return ring_reduce_scatter([np.roll(v, 1, axis=0) for v in x], layout.block, scheme.fmt)
 
   def emit_flat(self, site: FlatSite) -> ir.Value:
     """Reduce-scatter and all-gather loops over the lanes; f32 [N, C]."""
@@ -230,18 +246,32 @@ class Ring(Algorithm):
     """N-1 reduce-scatter steps written out, each quantize -> permute codes and scales ->
     dequantize + this rank's chunk; the owned chunk quantized once; then one all_gather
     of the quantized chunks (the bytes the ring's all-gather steps would forward)."""
-    em, codec, coll, n = site.em, site.codec, site.coll, site.n
-    rank = coll.group_rank()
-    partial = site.local(rank)
-    for step in range(n - 1):
-      codes, scales = codec.quantize(partial)
-      codes, scales = coll.permute(codes, 1), coll.permute(scales, 1)
-      index = em.mod(em.add_i32(rank, -step - 1), n)
-      partial = add(codec.dequantize(codes, scales), site.local(index))
-    codes, scales = codec.quantize(partial)  # rank r owns chunk (r + 1) mod N
+    coll, n = site.coll, site.n
+    partial = self._reduce_scatter_steps(site, coll.group_rank(), 0)
+    codes, scales = site.codec.quantize(partial)  # rank r owns chunk (r + 1) mod N
     # Gathered from rank N-1 (which owns chunk 0) on, the chunks arrive in their order:
     # the group listed from its last rank, no reordering afterwards.
     return coll.all_gather(codes, first=n - 1), coll.all_gather(scales, first=n - 1)
+
+  def emit_reduce_scatter(self, site: TiledSite) -> ir.Value:
+    """The steps over the rows shifted by one, so that rank r ends owning row r."""
+    return self._reduce_scatter_steps(site, site.coll.group_rank(), 1)
+
+  def _reduce_scatter_steps(self, site: TiledSite, rank: ir.Value, shift: int) -> ir.Value:
+    """The N-1 steps written out, row (index - shift) mod N standing for chunk index; the
+    f32 partial sum this rank ends with."""
+    em, codec, coll, n = site.em, site.codec, site.coll, site.n
+
+    def row_of(index: ir.Value) -> ir.Value:
+      return em.mod(em.add_i32(index, -shift), n) if shift else index
+
+    partial = site.local(row_of(rank))
+    for step in range(n - 1):
+      codes, scales = codec.quantize(partial)
+      codes, scales = coll.permute(codes, 1), coll.permute(scales, 1)
+      index = em.mod(em.add_i32(rank, -step - 1 - shift), n)
+      partial = add(codec.dequantize(codes, scales), site.local(index))
+    return partial
 
 
 RING = Ring()

@@ -34,19 +34,27 @@ if TYPE_CHECKING:
   from equarx_pass.scheme import Scheme
 
 
-def two_shot_chunks(x: Sequence[np.ndarray], block: int, fmt: Format = INT8) -> list[tuple]:
-  """x[r]: rank r's f32 [N, C].  Returns what every rank holds at the end: codes
-  [N, code bytes] and scales [N, blocks] of all N reduced chunks."""
+def two_shot_sums(x: Sequence[np.ndarray], block: int, fmt: Format = INT8) -> list[np.ndarray]:
+  """The reduce-scatter half.  x[r]: rank r's f32 [N, C].  Returns rank r's f32 [C] sum
+  of chunk r, in group order, before its quantization."""
   n = len(x)
   sent = [qz.quantize(x[j], block, fmt) for j in range(n)]  # [N, C] codes, [N, blocks]
-  owned = []
+  sums = []
   for r in range(n):
     acc = np.zeros_like(x[r][r])
     for j in range(n):
       q, s = sent[j][0][r], sent[j][1][r]
       values = qz.codes_to_f32(q, fmt, block).reshape(s.shape + (block,))
       acc = qz.fused_multiply_add(values, s[:, None], acc.reshape(values.shape)).reshape(-1)
-    owned.append(qz.quantize(acc, block, fmt))
+    sums.append(acc)
+  return sums
+
+
+def two_shot_chunks(x: Sequence[np.ndarray], block: int, fmt: Format = INT8) -> list[tuple]:
+  """x[r]: rank r's f32 [N, C].  Returns what every rank holds at the end: codes
+  [N, code bytes] and scales [N, blocks] of all N reduced chunks."""
+  n = len(x)
+  owned = [qz.quantize(acc, block, fmt) for acc in two_shot_sums(x, block, fmt)]
   codes = np.stack([q for q, _ in owned])
   scales = np.stack([s for _, s in owned])
   return [(codes.copy(), scales.copy()) for _ in range(n)]
@@ -62,6 +70,7 @@ class TwoShot(Algorithm):
   description = "all-to-all of quantized chunks, f32 sums, all-gather: two quantizations"
   takes_microshards = False
   has_tiled_form = True
+  emits_reduce_scatter = True
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """N-1 chunks in the all-to-all and N-1 in the all-gather: the ring's bytes."""
@@ -73,6 +82,11 @@ class TwoShot(Algorithm):
     self, x: list[np.ndarray], scheme: Scheme, layout: ChunkLayout, finish: Finish
   ) -> list[np.ndarray]:
     return [finish(q, s) for q, s in two_shot_chunks(x, layout.block, scheme.fmt)]
+
+  def reduce_scatter_reference(
+    self, x: list[np.ndarray], scheme: Scheme, layout: ChunkLayout
+  ) -> list[np.ndarray]:
+    return two_shot_sums(x, layout.block, scheme.fmt)
 
   def emit_flat(self, site: FlatSite) -> ir.Value:
     """all_to_all -> f32 sum in group order -> quantize once -> all_gather."""
@@ -90,6 +104,11 @@ class TwoShot(Algorithm):
     return codec.dequantize_rows(gathered, c, site.rotation_size)
 
   def emit_tiled(self, site: TiledSite) -> tuple[ir.Value, ir.Value]:
+    """The reduce-scatter half, its sum quantized once, all_gather."""
+    codes, scales = site.codec.quantize(self.emit_reduce_scatter(site))
+    return site.coll.all_gather(codes), site.coll.all_gather(scales)
+
+  def emit_reduce_scatter(self, site: TiledSite) -> ir.Value:
     """all_to_all of every chunk; the N terms summed in group order, written out."""
     em, codec, coll = site.em, site.codec, site.coll
     codes, scales = codec.quantize(em.convert(site.chunks, em.f32))
@@ -97,8 +116,7 @@ class TwoShot(Algorithm):
     acc = plus_zero(em, codec.dequantize(row(em, codes, 0), row(em, scales, 0)))
     for j in range(1, site.n):
       acc = add(codec.dequantize(row(em, codes, j), row(em, scales, j)), acc)
-    codes, scales = codec.quantize(acc)
-    return coll.all_gather(codes), coll.all_gather(scales)
+    return acc
 
 
 TWO_SHOT = TwoShot()

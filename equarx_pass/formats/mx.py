@@ -8,11 +8,14 @@ clips values in the top half code step to 127):
 
   t     = amax * f32(1/127)            (NaN counts as inf, quantize.block_amax)
   E     = 255 if t is inf, else clamp(exponent field of t, +1 if t is not a power of
-          two, to [1, 254])
+          two, to [1, MAX_EXPONENT])
   scale = 2^(E - 127)  (E = 255: NaN)      reciprocal = 2^(127 - E)  (E = 255: 0)
   code  = round_half_even(clamp(x * reciprocal, -127, 127))
 
-Both are normal f32 for every finite amax (E <= 248), so scaling is exact and the
+MAX_EXPONENT = 248 keeps every code finite: a block within 1% of the f32 maximum (absmax
+above 127 * 2^121) saturates at 127 codes of 2^121, an error of at most one step, where
+a scale of 2^122 would round its largest values up to 2^128 = inf.
+Both are normal f32 for every finite amax, so scaling is exact and the
 error is at most half a code step, as int8's; the step is up to twice int8's (a power
 of two at or above amax / 127), the price of the one-byte scale.  Per value: 8 bits +
 8 / 32 = 8.25, as int8 with one f32 scale per 128 values, with blocks four times
@@ -33,6 +36,7 @@ from equarx_pass.formats.integer import IntegerFormat
 from equarx_pass.hlo_builder import Emitter, shape_of
 
 NAN_EXPONENT = 255
+MAX_EXPONENT = 248  # the largest finite scale, 2^121 (see above)
 QUIET_NAN_BITS = 0x7FC00000
 MANTISSA_BITS = 0x7FFFFF
 
@@ -43,7 +47,7 @@ def _exponents(amax: np.ndarray) -> np.ndarray:
     t = (np.asarray(amax, np.float32) * inverse(127)).astype(np.float32)
   bits = t.view(np.int32)
   e = ((bits >> 23) & 0xFF) + ((bits & MANTISSA_BITS) != 0)
-  return np.where(e == NAN_EXPONENT, NAN_EXPONENT, np.clip(e, 1, 254)).astype(np.int32)
+  return np.where(e == NAN_EXPONENT, NAN_EXPONENT, np.clip(e, 1, MAX_EXPONENT)).astype(np.int32)
 
 
 def _power_of_two(exponent: np.ndarray, nan_exponent_bits: int) -> np.ndarray:
@@ -73,7 +77,7 @@ class MxIntFormat(IntegerFormat):
       hlo.AndOp(bits, i32(MANTISSA_BITS)).result, i32(0), hlo.ComparisonDirectionAttr.get("NE")
     ).result
     up = hlo.AddOp(e, em.convert(inexact, em.i32)).result
-    clamped = hlo.ClampOp(i32(1), up, i32(254)).result
+    clamped = hlo.ClampOp(i32(1), up, i32(MAX_EXPONENT)).result
     is_nan = hlo.CompareOp(up, i32(NAN_EXPONENT), hlo.ComparisonDirectionAttr.get("EQ")).result
     exponent = hlo.SelectOp(is_nan, up, clamped).result
     return self._emit_scale(em, exponent), self._emit_reciprocal(em, exponent)
