@@ -281,7 +281,11 @@ class Site:
 
   @property
   def nbytes(self) -> int:
-    return sum(o.size * DTYPE_BYTES.get(o.dtype, bytes_of(o.dtype)) for o in self.operands)
+    """The bytes of the tensor reduced or gathered, which --equarx_min_bytes/max_bytes
+    compare: the operands (an all-reduce's, a reduce-scatter's), or an all-gather's
+    gathered result (its operand is one rank's piece)."""
+    total = sum(o.size * DTYPE_BYTES.get(o.dtype, bytes_of(o.dtype)) for o in self.operands)
+    return total * self.group_size if self.kind == "all_gather" else total
 
   @property
   def group_size(self) -> int:

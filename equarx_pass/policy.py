@@ -317,7 +317,12 @@ FLAGS = {
   f.name: f
   for f in [
     Flag("equarx_enable", "enable", _parse_bool, "rewrite matching all-reduces (default off)"),
-    Flag("equarx_min_bytes", "min_bytes", _parse_int, "skip all-reduces with fewer operand bytes"),
+    Flag(
+      "equarx_min_bytes",
+      "min_bytes",
+      _parse_int,
+      "skip all-reduces with fewer operand bytes (an all-gather: result bytes)",
+    ),
     Flag(
       "equarx_max_bytes",
       "max_bytes",

@@ -65,6 +65,8 @@ SCHEMES = [
   f"{R} {NOROT} --equarx_format=fp8_e5m2",
   f"{T} {NOROT} --equarx_format=mxint8",
   f"{T} {H} --equarx_format=mxint8",  # the default scheme in mxint8: hadamard 32
+  f"{T} {H} --equarx_block_size=128 --equarx_rounding=stochastic",
+  f"{T} {H} --equarx_format=int4 --equarx_block_size=128 --equarx_rounding=stochastic",
 ]
 
 
