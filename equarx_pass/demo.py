@@ -229,8 +229,25 @@ def main(
 
 
 def run() -> None:
-  """Console-script entry point: equarx-demo [FLAGS]."""
-  main(" ".join(sys.argv[1:]) or "--equarx_enable")
+  """Console-script entry point: equarx-demo [FLAGS] (python -m equarx_pass.demo [FLAGS])."""
+  args = sys.argv[1:]
+  if args in (["-h"], ["--help"]):
+    print(
+      "usage: python -m equarx_pass.demo [--equarx_* FLAGS]\n\n"
+      "Runs a 2-layer tensor-parallel transformer through jax.jit and equarx_pass.jit\n"
+      "(default flags: --equarx_enable); equarx-opt --help lists the flags."
+    )
+    return
+  from equarx_pass.errors import FlagError
+  from equarx_pass.policy import Policy
+
+  flags = " ".join(args) or "--equarx_enable"
+  try:
+    Policy.from_flags(flags)
+  except FlagError as e:
+    print(f"equarx-demo: error: {e}", file=sys.stderr)
+    raise SystemExit(2) from None
+  main(flags)
 
 
 if __name__ == "__main__":

@@ -83,10 +83,12 @@ def _format_lowering(low: LoweringReport) -> str:
     )
   text = report.format_table(low.records, title)
   sites = sum(r.found_as == "all_reduce" for r in low.records)
-  if low.compiled_all_reduces is not None and low.compiled_all_reduces != sites:
+  compiled = low.compiled_all_reduces
+  if compiled is not None and compiled != sites and sites:
     text += (
-      f"\nplain jax.jit's compiled program holds {low.compiled_all_reduces} "
-      f"all-reduces for these {sites} all-reduce sites: XLA merges all-reduces "
+      f"\nplain jax.jit's compiled program holds {compiled} "
+      f"all-reduce{'s' if compiled != 1 else ''} for these {sites} all-reduce "
+      f"site{'s' if sites != 1 else ''}: XLA merges all-reduces "
       "after partitioning (its all-reduce combiner), so a site here can be part of "
       "a larger one there"
     )

@@ -138,11 +138,12 @@ def find_all_reduces(module: ir.Module) -> list[ir.Operation]:
 
 
 def find_sites(module: ir.Module, ops: tuple[str, ...] = ("all_reduce",)) -> list[ir.Operation]:
-  """The collectives of the kinds in `ops` that can run (find_all_reduces' rule): the
-  all-reduces first, so their indices (which calibration files name) do not depend on
-  `ops`, then the reduce-scatters, then the all-gathers."""
+  """The collectives that can run (find_all_reduces' rule): every all-reduce (rewritten,
+  made a reduce-scatter, or listed as skipped: whatever `ops` says), first, so their
+  indices (which calibration files name) do not depend on `ops`; then the reduce-scatters
+  and the all-gathers, when `ops` selects them."""
   functions = called_functions(module)
-  found = find_all_reduces(module) if "all_reduce" in ops else []
+  found = find_all_reduces(module)
   for kind, name in (("reduce_scatter", REDUCE_SCATTER), ("all_gather", ALL_GATHER)):
     if kind in ops:
       found += [op for func in functions for op in walk(func) if op.name == name]
@@ -535,7 +536,7 @@ def _check_pieces(site, op, policy, problem):
     return f"scatter dimension of {operand.shape[site.dimension]} not divisible by the group"
   _, flat_why = policy.resolved()
   if flat_why:
-    return f"{site.kind} is emitted in the tiled form only, and {flat_why}"
+    return f"{site.kind} needs the tiled form ({flat_why})"
   if site.kind == "reduce_scatter" and not policy.scheme.algo.emits_reduce_scatter:
     return f"reduce_scatter: {policy.scheme.algorithm} has no reduce-scatter half"
 
@@ -586,6 +587,8 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
       if _check_pieces(scattered, op, policy, problem) is None:
         layout = policy.scheme.layout(scattered.operands[0].size, site.group_size)
         return Candidate(scattered, op, layout, make_schedule(site.groups), slice_op)
+  if site.kind == "all_reduce" and "all_reduce" not in policy.ops:
+    return Skip(site, f"--equarx_ops={','.join(policy.ops)} does not select all-reduces")
   total = sum(o.size for o in site.operands)
   if site.kind == "all_gather":  # every rank's piece, as a reduce-scatter's operand
     total *= site.group_size

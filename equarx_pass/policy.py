@@ -109,8 +109,11 @@ class Policy:
       raise FlagError(
         f"--equarx_block_size must be in [1, 1048576] (0: the default), got {self.block_size}"
       )
-    if not self.ops or any(o not in OPS for o in self.ops):
-      raise FlagError(f"--equarx_ops takes a comma list of {','.join(OPS)}, got {self.ops}")
+    if not self.ops or any(o not in OPS for o in self.ops) or len(set(self.ops)) != len(self.ops):
+      raise FlagError(
+        f"--equarx_ops takes a comma list of {','.join(OPS)}, each once, "
+        f"got {repr(','.join(self.ops)) if self.ops else 'nothing'}"
+      )
     bad = [d for d in self.dtypes if d not in DTYPES]
     if bad or not self.dtypes:
       raise FlagError(
@@ -136,9 +139,7 @@ class Policy:
     if self.form == "tiled" and scheme.flat_only():
       raise FlagError(f"--equarx_form=tiled: {scheme.flat_only()}")
     if self.rounding == "stochastic" and self._flat_why():
-      raise FlagError(
-        f"--equarx_rounding=stochastic is emitted in the tiled form only, and {self._flat_why()}"
-      )
+      raise FlagError(f"--equarx_rounding=stochastic needs the tiled form ({self._flat_why()})")
     if self.compile_for:
       parse_compile_target(self.compile_for)
     if not (self.calibration_clip == 0 or 1 <= self.calibration_clip <= 100):
@@ -224,7 +225,10 @@ class Policy:
   def from_env(cls, environ=None) -> Policy:
     """Process defaults: Policy() with $EQUARX_FLAGS applied."""
     environ = os.environ if environ is None else environ
-    return cls.from_flags(environ.get(ENV_VAR, ""))
+    try:
+      return cls.from_flags(environ.get(ENV_VAR, ""))
+    except FlagError as e:
+      raise FlagError(f"${ENV_VAR}: {e}") from None
 
   def replace(self, **changes) -> Policy:
     return dataclasses.replace(self, **changes)
@@ -345,8 +349,8 @@ FLAGS = {
       "equarx_block_size",
       "block_size",
       _parse_int,
-      "values per f32 scale (default: one rotation, 128, in the tiled form with a rotation; "
-      "else 1024)",
+      "values per scale (default: one rotation, 128, in the tiled form with a rotation; "
+      "else 1024; mxint8: its own 32)",
     ),
     Flag("equarx_format", "format", _parse_str, "wire format: " + ",".join(FORMATS)),
     Flag("equarx_algorithm", "algorithm", _parse_str, "collective: " + ",".join(ALGORITHMS)),

@@ -394,6 +394,8 @@ def _calibrated_plans(
     )
     if policy.calibration_clip:
       reason += f", ranges clipped at {policy.calibration_clip:g} rms"
+    if policy.rounding != "nearest":
+      reason += f" (static scales round to nearest: --equarx_rounding={policy.rounding} unused)"
     after = lay.wire_bytes()
     reason += _padding_note(after, records[i].bytes_before)
     records[i] = dataclasses.replace(records[i], reason=reason, bytes_after=after)

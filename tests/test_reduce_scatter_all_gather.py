@@ -117,8 +117,8 @@ def test_default_ops_leave_reduce_scatter_and_all_gather_alone(inputs):
 @pytest.mark.parametrize(
   "flags, reason",
   [
-    ("--equarx_algorithm=bidirectional", "emitted in the tiled form only"),
-    ("--equarx_form=flat", "emitted in the tiled form only, and --equarx_form=flat"),
+    ("--equarx_algorithm=bidirectional", "reduce_scatter needs the tiled form (the tiled form"),
+    ("--equarx_form=flat", "reduce_scatter needs the tiled form (--equarx_form=flat)"),
     ("--equarx_block_layout=grid", "the grid layout is emitted flat"),
   ],
 )
@@ -130,8 +130,9 @@ def test_what_has_no_tiled_form_is_skipped_with_the_reason(flags, reason, inputs
 
 
 def test_ops_flag_is_checked():
-  with pytest.raises(equarx_pass.FlagError, match="--equarx_ops takes a comma list"):
-    equarx_pass.Policy.from_flags("--equarx_ops=all_reduce,broadcast")
+  for bad in ("all_reduce,broadcast", "all_gather,all_gather", ""):
+    with pytest.raises(equarx_pass.FlagError, match="--equarx_ops takes a comma list"):
+      equarx_pass.Policy.from_flags(f"--equarx_ops={bad}")
   policy = equarx_pass.Policy.from_flags("--equarx_ops=reduce_scatter,all_gather")
   assert policy.ops == ("reduce_scatter", "all_gather")
   assert equarx_pass.Policy.from_flags(policy.to_flags()) == policy
@@ -171,6 +172,21 @@ def test_fsdp_step_gets_quantized_reduce_scatter_and_all_gathers():
     update = np.abs(np.asarray(want[name]) - np.asarray(params[name])).max()
     error = np.abs(np.asarray(got[name]) - np.asarray(want[name])).max()
     assert error < 0.2 * update, (name, error, update)
+
+
+def test_reduce_scatter_alone_still_finds_the_sliced_all_reduce():
+  """--equarx_ops=reduce_scatter: the gradient's all-reduce-and-slice becomes a quantized
+  reduce-scatter; every other all-reduce is listed, skipped with the reason."""
+  step, params, x, kwargs = _fsdp_step()
+  fn = equarx_pass.jit(
+    step, flags="--equarx_enable --equarx_min_bytes=0 --equarx_ops=reduce_scatter", **kwargs
+  )
+  fn(params, x)
+  records = fn.report.records
+  assert [r.kind for r in records if r.rewritten] == ["reduce_scatter"], str(fn.report)
+  assert all("does not select all-reduces" in r.reason for r in records if not r.rewritten), str(
+    fn.report
+  )
 
 
 def test_fsdp_step_identity_is_bit_for_bit():
