@@ -630,46 +630,46 @@ def own_piece_slice(op: ir.Operation, site: Site) -> tuple[int, ir.Operation] | 
   return dimension, slice_op
 
 
+def _source_op(value: ir.Value) -> ir.Operation | None:
+  """The op that defines `value`, looking through reshapes and converts; None for a block
+  argument."""
+  owner = value.owner
+  while isinstance(owner, (ir.OpView, ir.Operation)):
+    op = owner.operation
+    if op.name not in ("stablehlo.reshape", "stablehlo.convert"):
+      return op
+    owner = op.operands[0].owner
+  return None
+
+
 def _per_device_values(value: ir.Value, num_devices: int, device_kind: str) -> list[int] | None:
   """An i32 scalar's value on each device, where it is a constant or a constant table
   indexed by the partition (or replica) id, through reshapes and converts; else None."""
-  owner = value.owner
-  if not isinstance(owner, ir.OpView) and not isinstance(owner, ir.Operation):
+  op = _source_op(value)
+  if op is None:
     return None
-  op = owner.operation
   if op.name == "stablehlo.constant":
     attr = op.attributes["value"]
     if not isinstance(attr, ir.DenseIntElementsAttr) or not attr.is_splat:
       return None
     return [ir.IntegerAttr(attr.get_splat_value()).value] * num_devices
-  if op.name in ("stablehlo.reshape", "stablehlo.convert"):
-    return _per_device_values(op.operands[0], num_devices, device_kind)
-  if op.name == "stablehlo.dynamic_slice" and len(op.operands) == 2:
-    table_op = op.operands[0].owner
-    index = op.operands[1]
-    if not _is_device_id(index, device_kind):
-      return None
-    table_attr = (
-      table_op.operation.attributes["value"] if table_op.name == "stablehlo.constant" else None
-    )
-    if not isinstance(table_attr, ir.DenseIntElementsAttr):
-      return None
-    table = [int(v) for v in table_attr]  # type: ignore[attr-defined]
-    if len(table) < num_devices:
-      return None
-    return table[:num_devices]
-  return None
-
-
-def _is_device_id(value: ir.Value, device_kind: str) -> bool:
-  """Whether an index is the partition id (partition mode) or replica id, converted or
-  reshaped."""
-  op = value.owner.operation if hasattr(value.owner, "operation") else None
-  while op is not None and op.name in ("stablehlo.reshape", "stablehlo.convert"):
-    inner = op.operands[0].owner
-    op = inner.operation if hasattr(inner, "operation") else None
+  if op.name != "stablehlo.dynamic_slice" or len(op.operands) != 2:
+    return None
+  index = _source_op(op.operands[1])
   want = "stablehlo.partition_id" if device_kind == "partition" else "stablehlo.replica_id"
-  return op is not None and op.name == want
+  table_op = op.operands[0].owner  # the table itself, not a reshape or convert of it
+  if index is None or index.name != want or not isinstance(table_op, (ir.OpView, ir.Operation)):
+    return None
+  table_op = table_op.operation
+  if table_op.name != "stablehlo.constant":
+    return None
+  table_attr = table_op.attributes["value"]
+  if not isinstance(table_attr, ir.DenseIntElementsAttr):
+    return None
+  table = [int(v) for v in table_attr]  # type: ignore[attr-defined]
+  if len(table) < num_devices:
+    return None
+  return table[:num_devices]
 
 
 def channel_id(op: ir.Operation) -> int:

@@ -220,6 +220,22 @@ module @sliced attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 
 IN_ORDER = "[0, 128, 256, 384, 512, 640, 768, 896]"
 
 
+def test_a_slice_table_that_is_an_argument_leaves_the_all_reduce():
+  """The offsets come from a table the caller passes: not known here, so no reduce-scatter."""
+  from equarx_pass import parse
+  from equarx_pass.rewrite import rewrite_module
+
+  text = SLICED.replace(
+    "%arg0: tensor<64x1024xf32>)", "%arg0: tensor<64x1024xf32>, %table: tensor<8xi32>)"
+  )
+  text = text.replace("    %table = stablehlo.constant dense<TABLE> : tensor<8xi32>\n", "")
+  result = rewrite_module(
+    parse.parse_bytes(text, "argument table").module, equarx_pass.Policy.from_flags(ON)
+  )
+  (record,) = result.records
+  assert record.rewritten and record.kind == "all_reduce", record.reason
+
+
 @pytest.mark.parametrize(
   "table, kind",
   [
