@@ -56,6 +56,17 @@ def _power_of_two(exponent: np.ndarray, nan_exponent_bits: int) -> np.ndarray:
   return bits.astype(np.int32).view(np.float32)
 
 
+def _emit_power_of_two(em: Emitter, exponent: ir.Value, nan_exponent_bits: int) -> ir.Value:
+  """_power_of_two, emitted: i32 exponents -> f32."""
+  shape = shape_of(exponent)
+  is_nan = hlo.CompareOp(
+    exponent, em.splat(NAN_EXPONENT, shape, em.i32), hlo.ComparisonDirectionAttr.get("EQ")
+  ).result
+  shifted = hlo.ShiftLeftOp(exponent, em.splat(23, shape, em.i32)).result
+  bits = hlo.SelectOp(is_nan, em.splat(nan_exponent_bits, shape, em.i32), shifted).result
+  return em.bitcast(bits, shape, em.f32)
+
+
 @dataclasses.dataclass(frozen=True)
 class MxIntFormat(IntegerFormat):
   def scales(self, amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -80,28 +91,9 @@ class MxIntFormat(IntegerFormat):
     clamped = hlo.ClampOp(i32(1), up, i32(MAX_EXPONENT)).result
     is_nan = hlo.CompareOp(up, i32(NAN_EXPONENT), hlo.ComparisonDirectionAttr.get("EQ")).result
     exponent = hlo.SelectOp(is_nan, up, clamped).result
-    return self._emit_scale(em, exponent), self._emit_reciprocal(em, exponent)
-
-  def _emit_scale(self, em: Emitter, exponent: ir.Value) -> ir.Value:
-    """E (i32) -> f32 2^(E - 127), NaN for 255."""
-    shape = shape_of(exponent)
-    is_nan = hlo.CompareOp(
-      exponent, em.splat(NAN_EXPONENT, shape, em.i32), hlo.ComparisonDirectionAttr.get("EQ")
-    ).result
-    shifted = hlo.ShiftLeftOp(exponent, em.splat(23, shape, em.i32)).result
-    bits = hlo.SelectOp(is_nan, em.splat(QUIET_NAN_BITS, shape, em.i32), shifted).result
-    return em.bitcast(bits, shape, em.f32)
-
-  def _emit_reciprocal(self, em: Emitter, exponent: ir.Value) -> ir.Value:
-    """E (i32) -> f32 2^(127 - E), 0 for 255."""
-    shape = shape_of(exponent)
-    is_nan = hlo.CompareOp(
-      exponent, em.splat(NAN_EXPONENT, shape, em.i32), hlo.ComparisonDirectionAttr.get("EQ")
-    ).result
-    flipped = hlo.SubtractOp(em.splat(254, shape, em.i32), exponent).result
-    shifted = hlo.ShiftLeftOp(flipped, em.splat(23, shape, em.i32)).result
-    bits = hlo.SelectOp(is_nan, em.splat(0, shape, em.i32), shifted).result
-    return em.bitcast(bits, shape, em.f32)
+    return _emit_power_of_two(em, exponent, QUIET_NAN_BITS), _emit_power_of_two(
+      em, hlo.SelectOp(is_nan, exponent, hlo.SubtractOp(i32(254), exponent).result).result, 0
+    )
 
   def emit_wire_scales(self, em: Emitter, scale: ir.Value) -> ir.Value:
     """f32 scales -> their exponent bytes E (as int8 bits): the f32 exponent field."""
@@ -117,7 +109,7 @@ class MxIntFormat(IntegerFormat):
   def emit_scales_from_wire(self, em: Emitter, wire: ir.Value) -> ir.Value:
     shape = shape_of(wire)
     u8 = ir.IntegerType.get_unsigned(8)
-    return self._emit_scale(em, em.convert(em.bitcast(wire, shape, u8), em.i32))
+    return _emit_power_of_two(em, em.convert(em.bitcast(wire, shape, u8), em.i32), QUIET_NAN_BITS)
 
   def emit_scale_bytes(self, em: Emitter, scale: ir.Value) -> ir.Value:
     (m,) = shape_of(scale)
