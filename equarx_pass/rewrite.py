@@ -96,16 +96,15 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     after, reason = before, "identity: the native all-reduce, rebuilt"
   else:
     after = policy.scheme.wire_bytes(decision.layout, site.kind)
-    reason = policy.scheme.describe() + _padding_note(after, before)
+    # The algorithm does not enter an all-gather: one quantization, one all_gather.
+    reason = policy.scheme.describe(algorithm=site.kind != "all_gather")
+    reason += _padding_note(after, before)
     if flat_why is None:
       reason += "; tiled form"
     elif not policy.calibration:
       reason += f"; flat form ({flat_why})"
   if isinstance(decision, match.Candidate):
     reason += _promotion_note(decision.op)
-  if site.kind == "all_gather" and verdict == "rewritten" and not policy.identity:
-    # The algorithm does not enter an all-gather: one quantization, one all_gather.
-    reason = reason.replace(f" {policy.scheme.algorithm}", "", 1)
   sliced = isinstance(decision, match.Candidate) and decision.slice_op is not None
   if sliced:
     reason = f"an all-reduce and the slice of each rank's piece: {reason}"

@@ -158,8 +158,10 @@ class Scheme:
       return "the tiled form has fixed blocks; the grid layout is emitted flat"
     return None
 
-  def describe(self) -> str:
-    parts = [f"{self.format} {self.algorithm}"]
+  def describe(self, algorithm: bool = True) -> str:
+    """'int8 two_shot, block 128, hadamard 128', ...; without the algorithm for what does
+    not use it (an all-gather)."""
+    parts = [f"{self.format} {self.algorithm}" if algorithm else self.format]
     parts.append("grid 8x128" if self.block_layout == "grid" else f"block {self.block_size}")
     if self.rotation != rotation.NONE:
       parts.append(f"{self.rotation} {self.resolved_rotation_size}")
