@@ -640,7 +640,7 @@ def main(argv=None):
       total_seconds=total,
     )
   failed = [
-    r
+    f"{row['mesh']} {lbl}"
     for row in rows
     for lbl, r in row["variants"].items()
     if (
@@ -659,8 +659,8 @@ def main(argv=None):
   ]
   if failed:
     print(
-      f"FAILED: {len(failed)} run(s) outside expectations (identity must be bit-identical; "
-      "quantized logits rel L2 <= 5e-2 and argmax agreement >= 95%)"
+      f"FAILED: {len(failed)} run(s) outside expectations ({', '.join(failed)}; identity must "
+      "be bit-identical; quantized logits rel L2 <= 5e-2 and argmax agreement >= 95%)"
     )
     return 1
   return 0
