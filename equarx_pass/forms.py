@@ -54,6 +54,10 @@ class SitePlan:
   # The tiled form's forward rotation as a matmul (TPU, GPU) rather than the model's
   # butterflies (CPU: the same bits as the model, at the same speed there).
   matmul_rotation: bool = True
+  # Whether a loop may hold collectives.  Not on XLA:CPU, which orders a loop's
+  # collectives after the collectives that follow it only by the loop's launch: one
+  # order of collectives on every device needs them written out there (outline.py).
+  collectives_in_loops: bool = True
 
   @property
   def rotation_size(self) -> int:

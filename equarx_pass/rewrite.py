@@ -3,8 +3,8 @@
 `rewrite_module` never mutates its input.  It copies the module, matches every
 all-reduce (match.py), emits the quantized all-reduce for each candidate (its
 algorithm's emitter, algorithms/; the calibrated scheme's, calibrated/outlier_emit.py) in
-place of the all-reduce or, with --equarx_outline, into a private function called
-there, verifies the copy, and returns it with one SiteRecord per all-reduce.  Any
+place of the all-reduce (with --equarx_outline, its compute between collectives moved
+into private functions called there: outline.py), verifies the copy, and returns it with one SiteRecord per all-reduce.  Any
 failure raises and the half-rewritten copy is dropped, so a caller only ever
 sees the original module or a complete, verified rewrite.
 """
@@ -22,7 +22,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import match
+from equarx_pass import match, outline
 from equarx_pass.calibrated import calibration, outlier
 from equarx_pass.all_gather import emit_all_gather
 from equarx_pass.forms import Pieces, SitePlan
@@ -164,7 +164,7 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
   out = copy_module(module)
   outline_into = out if policy.outlines(platform) else None
   target = policy.target_platform(platform)
-  policy, flat_why = policy.resolved()
+  policy, flat_why = policy.replace(platform=target).resolved()
   facts = match.module_facts(out)
   ops = match.find_sites(out, policy.ops)
   decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
@@ -194,7 +194,7 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
             policy,
             outline_into,
             tiled_form=flat_why is None,
-            matmul_rotation=target != "cpu",
+            target=target,
           )
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start)
@@ -206,7 +206,7 @@ def _replace(
   policy: Policy,
   outline_into: ir.Module | None,
   tiled_form: bool,
-  matmul_rotation: bool,
+  target: str,
 ) -> None:
   scheme = policy.scheme
   plan = SitePlan(
@@ -216,7 +216,9 @@ def _replace(
     cand.site.num_devices,
     scheme,
     unrolled=cand.site.nbytes >= policy.unroll_min_bytes,
-    matmul_rotation=matmul_rotation,
+    # On CPU: the model's butterflies (its bits), and no collective inside a loop.
+    matmul_rotation=target != "cpu",
+    collectives_in_loops=target != "cpu",
   )
   site = cand.site
   emit: Callable[[list[ir.Value]], list[ir.Value]]
@@ -253,14 +255,16 @@ def _emit_native(op: ir.Operation, operands: list[ir.Value]) -> list[ir.Value]:
 def _emit_in_place(
   cand: match.Candidate, emit, what: str, advice: str, outline_into: ir.Module | None
 ) -> None:
-  """Emit the replacement at the all-reduce (or, given a module to outline into, in a
-  function of it that the all-reduce's place calls), rewire its uses, erase it.
+  """Emit the replacement at the all-reduce, rewire its uses, erase it; given a module to
+  outline into, move the compute between the replacement's collectives into functions
+  of it (outline.py: the collectives stay here, in program order).
 
   An async pair (all-reduce-start/-done) is replaced whole, at the async_done: that is
   where its result is first needed.  An all-reduce that promotes (bf16 in, f32 out)
   gets its operands converted to the result type first: the sum is in that type.
   """
   op = cand.op
+  location = op.location
   pair = match.async_pair(op)
   if isinstance(pair, str):  # matching skips these
     raise InternalError(f"all-reduce #{cand.site.index}: {pair}")
@@ -278,13 +282,11 @@ def _emit_in_place(
     return emit([_promote(v, t) for v, t in zip(values, result_types)])
 
   try:
-    with op.location, ir.InsertionPoint(at):
+    with location, ir.InsertionPoint(at):
       if outline_into is not None:
-        new_values = _emit_outlined(
-          operands, result_types, outline_into, f"equarx_allreduce_{cand.site.index}", emit_promoted
-        )
+        new_values, site_ops = _emit_collecting(operands, at, outline_into, emit_promoted)
       else:
-        new_values = emit_promoted(operands)
+        new_values, site_ops = emit_promoted(operands), []
   except Exception as e:
     raise InternalError(
       f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit {what} "
@@ -295,6 +297,31 @@ def _emit_in_place(
     old.replace_all_uses_with(new)
   for dead in erase:
     dead.erase()
+  if outline_into is not None and site_ops:
+    with outline_into.context:
+      outline.outline_compute(
+        site_ops, outline_into, f"equarx_allreduce_{cand.site.index}", location
+      )
+
+
+def _emit_collecting(
+  operands: list[ir.Value], at: ir.Operation, module: ir.Module, emit
+) -> tuple[list[ir.Value], list[ir.Operation]]:
+  """Emit the replacement before `at`, as emit_promoted does, and also return the ops it
+  made, in order.  They are built in a scratch function of `module` (the bindings give no
+  way to walk a block from an op) and moved before `at`."""
+  with ir.InsertionPoint(module.body):
+    scratch = func.FuncOp("equarx_scratch", ir.FunctionType.get([v.type for v in operands], []))
+  body = scratch.add_entry_block()  # type: ignore[attr-defined]  # the bindings add it
+  with ir.InsertionPoint(body):
+    values = emit(list(body.arguments))
+  ops = [view.operation for view in body.operations]
+  for argument, value in zip(body.arguments, operands):
+    argument.replace_all_uses_with(value)
+  for made in ops:
+    made.move_before(at)
+  scratch.operation.erase()
+  return values, ops
 
 
 def _promote(value: ir.Value, result_type: ir.Type) -> ir.Value:
@@ -309,46 +336,6 @@ def _promote(value: ir.Value, result_type: ir.Type) -> ir.Value:
 def _first_line(e: BaseException | str) -> str:
   text = str(e).strip()
   return text.splitlines()[0] if text else ""
-
-
-def _emit_outlined(
-  operands: list[ir.Value], result_types: list[ir.Type], module: ir.Module, name: str, emit
-) -> list[ir.Value]:
-  """Emit the replacement into a new private function at the end of the module, and call
-  it out of line at the insertion point.
-
-  Why: XLA compiles the site as a nested computation (on XLA:CPU, a thunk sequence of
-  its own) instead of adding ~40 instructions per site to the caller.  XLA's analyses of
-  one computation (fusion, copy insertion, the CPU runtime's dependency graph of its
-  thunks) grow faster than its size, so a 256-site program compiles markedly faster
-  (BUILD_NOTES, "Compile-time decisions").  The same ops run in the same order: the bits
-  do not change.
-  """
-  name = _fresh_symbol(module, name)
-  operand_types = [v.type for v in operands]
-  with ir.InsertionPoint(module.body):
-    callee = func.FuncOp(name, ir.FunctionType.get(operand_types, result_types))
-  callee.attributes["sym_visibility"] = ir.StringAttr.get("private")
-  body = callee.add_entry_block()  # type: ignore[attr-defined]  # the bindings add it
-  with ir.InsertionPoint(body):
-    func.ReturnOp(emit(list(body.arguments)))
-  call = func.CallOp(result_types, ir.FlatSymbolRefAttr.get(name), operands)
-  # The frontend attribute that XLA's CallInliner honours: a call carrying it stays a
-  # call, so its callee stays a computation of its own.
-  call.attributes["mhlo.frontend_attributes"] = ir.DictAttr.get(
-    {"inlineable": ir.StringAttr.get("false")}
-  )
-  return list(call.results)
-
-
-def _fresh_symbol(module: ir.Module, base: str) -> str:
-  """`base`, or base_2, base_3, ... if the module already has a symbol of that name."""
-  table = ir.SymbolTable(module.operation)
-  name, n = base, 1
-  while name in table:
-    n += 1
-    name = f"{base}_{n}"
-  return name
 
 
 def _calibrated_plans(

@@ -77,7 +77,10 @@ def test_groups_expand(name, attrs, groups):
 @pytest.mark.parametrize("name,attrs,groups", CASES, ids=[c[0] for c in CASES])
 def test_rewrite_permutes_stay_inside_groups(name, attrs, groups):
   module = _parse(attrs)
-  ring = equarx_pass.Policy(enable=True, algorithm="ring", rotation="none", form="flat")
+  # The loop form (GPU, TPU): one permute per ring half.
+  ring = equarx_pass.Policy(
+    enable=True, algorithm="ring", rotation="none", form="flat", platform="tpu"
+  )
   result = equarx_pass.rewrite_module(module, ring)
   assert [r.decision for r in result.records] == ["rewritten"]
   member = {d: i for i, g in enumerate(groups) for d in g}

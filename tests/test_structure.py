@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import equarx_pass
-from equarx_pass import match
+from equarx_pass import match, outline
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo
 
@@ -31,8 +31,12 @@ FIXTURE_FILES = sorted(n for n in os.listdir(FIXTURES) if n.endswith((".mlir", "
 # Rewrite everything the pass can rewrite, whatever its size.
 # Most structure tests here are about the flat ring; the default (tiled two-shot) has its
 # own below, and tests/test_tiled_form.py the tiled forms.
-RING = "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none --equarx_form=flat"
+# The loop form of the flat ring (what TPU and GPU programs get; on CPU its steps are
+# written out, test_cpu_sites_keep_their_collectives_in_the_caller).
+RING = "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none --equarx_form=flat --equarx_platform=tpu"
 EVERYTHING = RING + " --equarx_min_bytes=0"
+# The same flat ring for XLA:CPU, where no loop may hold a collective.
+RING_CPU = "--equarx_algorithm=ring --equarx_rotation=none --equarx_form=flat --equarx_platform=cpu"
 
 
 def read_fixture(name: str) -> str:
@@ -311,19 +315,49 @@ def _op_counts(text: str):
 @pytest.mark.parametrize(
   "fixture", ["tp_mlp_f32.mlir", "cond_psum_f32.mlir", "while_layers_f32.mlir"]
 )
-def test_outlined_sites_hold_the_same_ops_as_inline_ones(fixture):
-  """--equarx_outline=on moves each site's ops into a function and adds only the function,
-  its return and the call: the same program, one nesting level down."""
-  inline = transform(fixture, "--equarx_enable --equarx_outline=off")
-  outlined = transform(fixture, "--equarx_enable --equarx_outline=on")
+@pytest.mark.parametrize("scheme", ["", RING_CPU])
+def test_outlined_sites_hold_the_same_ops_as_inline_ones(fixture, scheme):
+  """--equarx_outline=on moves the compute between each site's collectives into functions
+  and adds only the functions, their returns and the calls: the same program, its
+  compute one nesting level down, its collectives where they were."""
+  inline = transform(fixture, f"--equarx_enable --equarx_outline=off {scheme}")
+  outlined = transform(fixture, f"--equarx_enable --equarx_outline=on {scheme}")
   sites = sum(r.rewritten for r in outlined.records)
   assert sites >= 1 and inline.records == outlined.records
   extra = _op_counts(outlined.text)
   extra.subtract(_op_counts(inline.text))
-  assert +extra == {"func.func": sites, "func.call": sites, "func.return": sites}
+  calls = extra["func.call"]
+  assert calls >= sites
+  assert +extra == {"func.func": calls, "func.call": calls, "func.return": calls}
   assert -extra == {}
+  assert_collectives_in_place(outlined.text)
   # The CLI does not know the backend, so auto leaves the sites inline there.
-  assert transform(fixture, "--equarx_enable").text == inline.text
+  assert transform(fixture, f"--equarx_enable {scheme}").text == inline.text
+
+
+def assert_collectives_in_place(text: str) -> None:
+  """No function the pass made holds a collective, and no loop holds one unless the
+  program had it there (the fixtures' own loops hold their all-reduces)."""
+  module = equarx_pass.parse_bytes(text).module
+  for function in match.called_functions(module):
+    name = function.attributes["sym_name"].value
+    inside = [op.name for op in match.walk(function) if op.name in outline.COLLECTIVES]
+    assert not (name.startswith("equarx_") and inside), (name, inside)
+
+
+@pytest.mark.parametrize(
+  "fixture", ["tp_mlp_f32.mlir", "cond_psum_f32.mlir", "tp_mlp_4dev_f32.mlir"]
+)
+def test_cpu_sites_keep_their_collectives_in_the_caller(fixture):
+  """On CPU the flat ring's loops are written out: every permute sits where the all-reduce
+  was (2(N-1) per site), none inside a loop (outline.py says why)."""
+  result = transform(fixture, f"--equarx_enable {RING_CPU}")
+  module = equarx_pass.parse_bytes(result.text).module
+  loops = [op for op in match.walk(module.operation) if op.name == "stablehlo.while"]
+  assert not any(outline.holds_collective(loop) for loop in loops)
+  sites = [r for r in result.records if r.rewritten]
+  assert sites and len(permutes(result.text)) == sum(2 * (r.group_size - 1) for r in sites)
+  assert_collectives_in_place(result.text)
 
 
 def test_outlined_function_names_do_not_clash():

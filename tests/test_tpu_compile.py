@@ -56,7 +56,9 @@ def test_v5e_compiles_the_original_4_device_mlp():
 
 
 def test_v4_compiles_subgroup_rings():
-  result = rewrite("subgroups_2x4_f32.mlir", "--equarx_enable --equarx_form=flat" + RING)
+  result = rewrite(
+    "subgroups_2x4_f32.mlir", "--equarx_enable --equarx_form=flat --equarx_platform=tpu" + RING
+  )
   assert [r.rewritten for r in result.records] == [True, True]
   tpu = compile_for_target(result.text, "tpu:v4:2x2x1")
   assert tpu.num_devices == 8
@@ -67,7 +69,9 @@ def test_v4_compiles_subgroup_rings():
 
 
 def test_v4_compiles_the_ring_inside_a_scan():
-  result = rewrite("scan_layers_f32.mlir", "--equarx_enable --equarx_form=flat" + RING)
+  result = rewrite(
+    "scan_layers_f32.mlir", "--equarx_enable --equarx_form=flat --equarx_platform=tpu" + RING
+  )
   tpu = compile_for_target(result.text, "tpu:v4:2x2x1")
   assert (tpu.quantized_permutes, tpu.all_reduces) == (2, 0)
 

@@ -214,7 +214,9 @@ class Ring(Algorithm):
     partials = [local_parts(site.chunks, start[lane.direction], lane) for lane in lanes]
     # A while loop must carry the chunks, and XLA copies all N of them into the loop's
     # buffer on every call; written out, each step slices the operand where it lies.
-    loop = unrolled_loop if site.plan.unrolled else while_loop
+    # Where loops may not hold collectives (XLA:CPU), both loops are written out.
+    in_loops = site.plan.collectives_in_loops
+    loop = unrolled_loop if site.plan.unrolled or not in_loops else while_loop
     carry = loop(_ReduceScatterCarry(partials, site.chunks, rank, ccw_rank), n - 1, rs_step)
 
     # Final quantization, once; then the all-gather forwards bytes unchanged.
@@ -232,7 +234,8 @@ class Ring(Algorithm):
         outs.append(em.set_rows(out, idx, cur))
       return carry._replace(currents=currents, gathered=outs)
 
-    done = while_loop(_AllGatherCarry(owns, gathered, rank, ccw_rank), n - 1, ag_step)
+    ag_loop = while_loop if in_loops else unrolled_loop
+    done = ag_loop(_AllGatherCarry(owns, gathered, rank, ccw_rank), n - 1, ag_step)
     # Every rank dequantizes all N chunks the same way: identical bits everywhere.
     return em.concat(
       [
