@@ -83,6 +83,15 @@ def lowered_platform(lowered) -> str:
   return lowered._lowering.compile_args["backend"].platform
 
 
+def lowered_devices(lowered) -> list:
+  """The devices of `lowered`'s device assignment: position i runs partition i.
+
+  Private: jax.stages.Lowered._lowering._device_list (a DeviceList).  The public
+  shardings name meshes, not the order the compiled program numbers its devices in.
+  """
+  return list(lowered._lowering._device_list)
+
+
 def _lowering_copy(lowered, module: ir.Module, compile_args: dict):
   """A copy of lowered's pxla.MeshComputation with `module` and no executable yet."""
   new = copy.copy(lowered._lowering)

@@ -85,6 +85,7 @@ def main(argv: list[str]) -> int:
       table = report.format_table(
         result.records,
         f"{input_path} ({result.input_kind}, pass {result.pass_seconds * 1e3:.1f} ms)",
+        result.topology,
       )
       print(table, file=notes)
     if result.tpu is not None:

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from equarx_pass import _jax_private, match, partitioned, report
+from equarx_pass import _jax_private, match, partitioned, report, topology
 from equarx_pass import tpu_aot
 from equarx_pass.errors import RewriteError
 from equarx_pass.policy import Policy
@@ -53,6 +53,7 @@ class LoweringReport:
   first_compile_seconds: float = 0.0  # partitioned route: the compile that exposed the program
   # partitioned route: all-reduces in plain jax.jit's compiled program (XLA merges some)
   compiled_all_reduces: int | None = None
+  topology: topology.Topology | None = None  # the fast domains the sites were planned on
 
 
 class Report:
@@ -81,7 +82,7 @@ def _format_lowering(low: LoweringReport) -> str:
       f"{low.signature}, partitioned program (pass {low.pass_seconds * 1e3:.1f} ms, "
       f"partitioning compile {low.first_compile_seconds:.2f} s)"
     )
-  text = report.format_table(low.records, title)
+  text = report.format_table(low.records, title, low.topology)
   sites = sum(r.found_as == "all_reduce" for r in low.records)
   compiled = low.compiled_all_reduces
   if compiled is not None and compiled != sites and sites:
@@ -95,6 +96,23 @@ def _format_lowering(low: LoweringReport) -> str:
   if low.note:
     text += f"\npartitioned route not taken: {low.note}"
   return text + ("\n" + low.tpu.summary() if low.tpu else "")
+
+
+# Arguments listed one by one up to this many; more are counted by element type.
+SIGNATURE_ARGUMENTS = 6
+
+
+def signature(leaves) -> str:
+  """The arguments' types for a report title: 'float32[64, 256], int32[]', or for many
+  arguments (a model's parameters) a count per element type."""
+  # str(dtype): a typed PRNG key's dtype (key<fry>) is no NumPy dtype.
+  arrays = [(_dtype_name(x.dtype), list(x.shape)) for x in leaves if hasattr(x, "shape")]
+  if len(arrays) <= SIGNATURE_ARGUMENTS:
+    return ", ".join(f"{dtype}{shape}" for dtype, shape in arrays)
+  counts: dict[str, int] = {}
+  for dtype, _ in arrays:
+    counts[dtype] = counts.get(dtype, 0) + 1
+  return f"{len(arrays)} arrays: " + ", ".join(f"{n} {dtype}" for dtype, n in counts.items())
 
 
 def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[set[int], set[str]]:
@@ -218,9 +236,16 @@ class Jitted:
         if self.policy.partitioned == "on":
           raise RewriteError(f"--equarx_partitioned=on: {e}") from None
         note = str(e)
-    result = rewrite_module(module, self.policy, _jax_private.lowered_platform(lowered))
+    result = rewrite_module(
+      module,
+      self.policy,
+      _jax_private.lowered_platform(lowered),
+      lowered_topology(lowered, self.policy),
+    )
     tpu = self._compile_for_target(result.module)
-    self._record(result.records, result.seconds, tpu, args, kwargs, note=note)
+    self._record(
+      result.records, result.seconds, tpu, args, kwargs, note=note, topology=result.topology
+    )
     if not result.modified:
       return lowered, None
     return _jax_private.lowered_with_module(lowered, result.module), None
@@ -234,7 +259,9 @@ class Jitted:
     return mode == "on" or not match.find_sites(module, self.policy.ops)
 
   def _rewrite_partitioned(self, lowered, args, kwargs):
-    done = partitioned.rewrite_partitioned(lowered, self.policy)
+    done = partitioned.rewrite_partitioned(
+      lowered, self.policy, lowered_topology(lowered, self.policy)
+    )
     tpu = self._compile_for_target(done.module)
     self._record(
       done.result.records,
@@ -245,6 +272,7 @@ class Jitted:
       route="partitioned",
       first_compile_seconds=done.first_compile_seconds,
       compiled_all_reduces=done.compiled_all_reduces,
+      topology=done.result.topology,
     )
     if done.module is None:
       # Nothing rewritten: the first compile is plain jax.jit's executable; reuse it.
@@ -260,10 +288,8 @@ class Jitted:
 
   def _record(self, records, seconds, tpu, args, kwargs, **extra) -> None:
     leaves = jax.tree_util.tree_leaves((args, kwargs))
-    # str(dtype): a typed PRNG key's dtype (key<fry>) is no NumPy dtype.
-    sig = ", ".join(f"{_dtype_name(x.dtype)}{list(x.shape)}" for x in leaves if hasattr(x, "shape"))
     name = getattr(self._fun, "__name__", "fun")
-    low = LoweringReport(f"{name}({sig})", tuple(records), seconds, tpu, **extra)
+    low = LoweringReport(f"{name}({signature(leaves)})", tuple(records), seconds, tpu, **extra)
     self.report.lowerings.append(low)
     if self.policy.report:
       print("equarx-pass: " + _format_lowering(low), file=sys.stderr)
@@ -276,6 +302,17 @@ class Jitted:
   def __getattr__(self, name):
     # trace, eval_shape, ...: the jax.jit object's own.
     return getattr(self._jitted, name)
+
+
+def lowered_topology(lowered, policy: Policy) -> topology.Topology:
+  """The fast domains of the lowering's devices (TPU slices, processes), by position."""
+  platform = policy.target_platform(_jax_private.lowered_platform(lowered))
+  return topology.from_devices(
+    _jax_private.lowered_devices(lowered),
+    platform,
+    policy.fast_link_bandwidth,
+    policy.slow_link_bandwidth,
+  )
 
 
 def jit(

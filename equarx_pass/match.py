@@ -302,12 +302,18 @@ class Candidate:
   # A reduce-scatter written as an all-reduce whose one use slices out each rank's own
   # piece (what SPMD partitioning makes of a gradient's reduce-scatter): the slice.
   slice_op: ir.Operation | None = None
+  # The plan's (plan.py): how it is rewritten on this topology, and the cost model's
+  # prediction.
+  route: Any = None
+  prediction: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Skip:
   site: Site
   reason: str
+  route: Any = None  # plan.py's, when the cost model left the site native
+  prediction: Any = None
 
 
 Decision = Union[Candidate, Skip]

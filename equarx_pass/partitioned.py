@@ -71,8 +71,9 @@ class PartitionedRewrite:
   compiled_all_reduces: int  # all-reduces in plain jax.jit's compiled program
 
 
-def rewrite_partitioned(lowered, policy: Policy) -> PartitionedRewrite:
-  """Compile `lowered` once to get its per-device program, rewrite it, rebuild it."""
+def rewrite_partitioned(lowered, policy: Policy, topology=None) -> PartitionedRewrite:
+  """Compile `lowered` once to get its per-device program, rewrite it, rebuild it.
+  `topology`: the fast domains of its devices (rewrite.rewrite_module)."""
   start = time.perf_counter()
   compiled, hlo_proto = _compile_and_dump(lowered)
   first_compile = time.perf_counter() - start
@@ -80,7 +81,7 @@ def rewrite_partitioned(lowered, policy: Policy) -> PartitionedRewrite:
   original = lowered.compiler_ir("stablehlo")
   mesh_name, mesh = _only_mesh(original)
   per_device = _per_device_module(hlo_proto, original)
-  result = rewrite_module(per_device, policy, _jax_private.lowered_platform(lowered))
+  result = rewrite_module(per_device, policy, _jax_private.lowered_platform(lowered), topology)
   module = None
   if result.modified or policy.identity:  # identity: rebuild even with no site selected
     in_shardings, out_shardings = _jax_private.executable_shardings(compiled)

@@ -49,6 +49,8 @@ PLATFORMS = get_args(Platform)
 # scheme has a tiled form (it measured faster on XLA:CPU too; BUILD_NOTES, "Emitted forms").
 Form = Literal["auto", "tiled", "flat"]
 FORMS = get_args(Form)
+Hierarchy = Literal["auto", "flat"]
+HIERARCHIES = get_args(Hierarchy)
 # Values per scale when --equarx_block_size is not given: 1024, or with a rotation in the
 # tiled form one scale per rotation (the most accurate int8 scheme, and no dearer than
 # 1024: on XLA:CPU in one process, and by the TPU compiler's estimates).
@@ -97,6 +99,21 @@ class Policy:
   identity: bool = False
   platform: Platform = "auto"  # where the program runs
   form: Form = "auto"  # the emitted form
+  # Rewrite every site the size and dtype policy selects, whatever the cost model
+  # predicts (experiments; measuring the emitted form on fast links).
+  force: bool = False
+  # Groups that span fast domains evenly: "auto" reduces natively inside each domain and
+  # quantizes only across them (hierarchical.py); "flat" quantizes over the whole group.
+  hierarchy: Hierarchy = "auto"
+  # Fast domains when the devices do not say (equarx-opt), or to override them: this many
+  # consecutive device ids per domain, or this many equal domains (0: from the devices;
+  # for files, one host per device).
+  domain_devices: int = 0
+  domains: int = 0
+  # Link bandwidths in GB/s per device and direction (0: the platform's default,
+  # topology.py).
+  fast_link_bandwidth: float = 0.0
+  slow_link_bandwidth: float = 0.0
 
   def __post_init__(self):
     if self.min_bytes < 0:
@@ -129,6 +146,7 @@ class Policy:
       ("outline", self.outline, OUTLINE_MODES),
       ("platform", self.platform, PLATFORMS),
       ("form", self.form, FORMS),
+      ("hierarchy", self.hierarchy, HIERARCHIES),
     ):
       if value not in choices:
         raise FlagError(f"--equarx_{flag} must be one of {','.join(choices)}, got {value!r}")
@@ -142,6 +160,12 @@ class Policy:
       raise FlagError(f"--equarx_rounding=stochastic needs the tiled form ({self._flat_why()})")
     if self.compile_for:
       parse_compile_target(self.compile_for)
+    if self.domain_devices < 0 or self.domains < 0:
+      raise FlagError("--equarx_domain_devices and --equarx_domains must be >= 0 (0: auto)")
+    if self.domain_devices and self.domains:
+      raise FlagError("give --equarx_domain_devices or --equarx_domains, not both")
+    if self.fast_link_bandwidth < 0 or self.slow_link_bandwidth < 0:
+      raise FlagError("link bandwidths must be >= 0 GB/s (0: the platform's default)")
     if not (self.calibration_clip == 0 or 1 <= self.calibration_clip <= 100):
       raise FlagError(
         f"--equarx_calibration_clip must be 0 (off) or in [1, 100], got {self.calibration_clip}"
@@ -431,6 +455,45 @@ FLAGS = {
       "tiles, scales on their own collectives, the inverse rotation as a matmul and the "
       "forward one per --equarx_platform; two_shot and ring, one lane, fixed blocks) or "
       "flat (one payload per row with the scales packed in, butterflies both ways)",
+    ),
+    Flag(
+      "equarx_force",
+      "force",
+      _parse_bool,
+      "rewrite every site the size and dtype flags select, even where the cost model "
+      "predicts the native collective is faster (experiments, fast links)",
+    ),
+    Flag(
+      "equarx_hierarchy",
+      "hierarchy",
+      _parse_str,
+      "a group that spans fast domains evenly: auto (native inside each domain, quantized "
+      "only across them) or flat (quantized over the whole group)",
+    ),
+    Flag(
+      "equarx_domain_devices",
+      "domain_devices",
+      _parse_int,
+      "devices per fast domain (a TPU slice, a host), as consecutive device ids "
+      "(0: from the devices; equarx-opt: one host per device)",
+    ),
+    Flag(
+      "equarx_domains",
+      "domains",
+      _parse_int,
+      "the devices split into this many equal fast domains (0: see --equarx_domain_devices)",
+    ),
+    Flag(
+      "equarx_fast_link_bandwidth",
+      "fast_link_bandwidth",
+      _parse_float,
+      "GB/s per device inside a fast domain (ICI, NVLink; 0: the platform's default)",
+    ),
+    Flag(
+      "equarx_slow_link_bandwidth",
+      "slow_link_bandwidth",
+      _parse_float,
+      "GB/s per device between fast domains (DCN, InfiniBand, Ethernet; 0: the platform's default)",
     ),
     Flag(
       "equarx_identity",

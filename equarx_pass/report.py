@@ -32,23 +32,36 @@ def _fit(location: str, width: int) -> str:
   return f"{where} ...{name[-(width - len(where) - 4) :]}"
 
 
-def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
-  """A fixed-width table of the records, with totals."""
-  header = (
-    "#",
-    "location",
-    "shape",
-    "dtype",
-    "group",
-    "decision",
-    "wire before",
-    "wire after",
-    "ratio",
-    "why",
-  )
+def _ratio(before: float, after: float) -> str:
+  return f"{before / after:.2f}x" if after else "-"
+
+
+def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) -> str:
+  """A fixed-width table of the records, with totals.  With a topology (topology.py), the
+  bytes are split by link class (slow first: what crosses domains) and each rewritten
+  site shows the cost model's predicted speed-up."""
+  split = topology is not None and any(r.traffic_before is not None for r in records)
+  wire: tuple[str, ...]
+  cells: tuple[str, ...]
+  if split:
+    slow, fast = topology.slow.name, topology.fast.name
+    wire = (f"{slow} before", f"{slow} after", f"{fast} before", f"{fast} after", "predicted")
+  else:
+    wire = ("wire before", "wire after", "ratio")
+  header = ("#", "location", "shape", "dtype", "group", "decision", *wire, "why")
   rows = []
   for r in records:
-    ratio = f"{r.bytes_before / r.bytes_after:.2f}x" if r.rewritten and r.bytes_after else "-"
+    if split:
+      b, a = r.traffic_before, r.traffic_after
+      cells = (
+        (_bytes(round(b.slow)), _bytes(round(a.slow)), _bytes(round(b.fast)), _bytes(round(a.fast)))
+        if b is not None and a is not None
+        else ("-",) * 4
+      )
+      cells += (f"{r.speedup:.2f}x" if r.speedup is not None and r.route != "identity" else "-",)
+    else:
+      ratio = _ratio(r.bytes_before, r.bytes_after) if r.rewritten else "-"
+      cells = (_bytes(r.bytes_before), _bytes(r.bytes_after), ratio)
     rows.append(
       (
         str(r.index),
@@ -57,9 +70,7 @@ def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
         ",".join(sorted(set(r.dtypes))),
         f"{r.group_size}x{r.num_groups}",
         r.decision,
-        _bytes(r.bytes_before),
-        _bytes(r.bytes_after),
-        ratio,
+        *cells,
         r.reason,
       )
     )
@@ -67,18 +78,40 @@ def format_table(records: Sequence[SiteRecord], title: str = "") -> str:
     max(len(h), *(len(row[i]) for row in rows)) if rows else len(h) for i, h in enumerate(header)
   ]
   lines = [title] if title else []
+  if split:
+    lines.append(f"topology: {topology.describe()}")
   fmt = "  ".join("{:<%d}" % w for w in widths)
   lines.append(fmt.format(*header).rstrip())
   lines.append("  ".join("-" * w for w in widths))
   lines.extend(fmt.format(*row).rstrip() for row in rows)
+  lines.append(_summary(records, topology if split else None))
+  return "\n".join(lines)
+
+
+def _summary(records: Sequence[SiteRecord], topology) -> str:
   done = [r for r in records if r.rewritten]
+  noun = "all-reduce" if all(r.kind == "all_reduce" for r in records) else "collective"
+  text = f"{len(done)} of {len(records)} {noun} sites rewritten"
+  if not done:
+    return text
+  if topology is not None and all(r.traffic_before is not None for r in done):
+    parts = []
+    for name, field in ((topology.slow.name, "slow"), (topology.fast.name, "fast")):
+      before = sum(getattr(r.traffic_before, field) for r in done)
+      after = sum(getattr(r.traffic_after, field) for r in done)
+      if before or after:
+        parts.append(
+          f"{name} {_bytes(round(before))} -> {_bytes(round(after))}{_change(before, after)}"
+        )
+    return text + "; bytes per device: " + ", ".join(parts)
   before = sum(r.bytes_before for r in done)
   after = sum(r.bytes_after for r in done)
-  noun = "all-reduce" if all(r.kind == "all_reduce" for r in records) else "collective"
-  summary = f"{len(done)} of {len(records)} {noun} sites rewritten"
-  if done:
-    summary += (
-      f"; wire bytes per rank {_bytes(before)} -> {_bytes(after)} ({before / after:.2f}x less)"
-    )
-  lines.append(summary)
-  return "\n".join(lines)
+  return text + f"; wire bytes per rank {_bytes(before)} -> {_bytes(after)}{_change(before, after)}"
+
+
+def _change(before: float, after: float) -> str:
+  if round(before) == round(after):
+    return " (unchanged)"
+  if after < before:
+    return f" ({before / after:.2f}x less)" if after else " (all of it)"
+  return f" ({after / before:.2f}x more)" if before else ""

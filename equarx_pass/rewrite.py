@@ -22,13 +22,14 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import match, outline
+from equarx_pass import cost, hierarchical, match, outline, plan
+from equarx_pass import topology as topology_lib
 from equarx_pass.calibrated import calibration, outlier
 from equarx_pass.all_gather import emit_all_gather
 from equarx_pass.forms import Pieces, SitePlan
 from equarx_pass.hlo_builder import ChannelAllocator
 from equarx_pass.calibrated.outlier_emit import CalibratedPlan, emit_calibrated_allreduce
-from equarx_pass.errors import InternalError, VerifyError
+from equarx_pass.errors import FlagError, InternalError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
 
@@ -53,6 +54,12 @@ class SiteRecord:
   bytes_after: int  # bytes one rank sends after the rewrite (= before when skipped)
   kind: match.Kind = "all_reduce"  # what it is rewritten as
   found_as: match.Kind = "all_reduce"  # the op in the program (an all-reduce may be sliced)
+  # Per link class (topology.py), bytes one device sends natively and rewritten, and the
+  # cost model's predicted speed-up (cost.py); None where no route was planned.
+  traffic_before: cost.Traffic | None = None
+  traffic_after: cost.Traffic | None = None
+  speedup: float | None = None
+  route: str = ""  # "flat", "hierarchical", "identity"; "" when not planned
 
   @property
   def rewritten(self) -> bool:
@@ -64,6 +71,7 @@ class RewriteResult:
   module: ir.Module
   records: list[SiteRecord]
   seconds: float
+  topology: topology_lib.Topology | None = None
 
   @property
   def modified(self) -> bool:
@@ -88,17 +96,24 @@ def _ring_bytes_before(site: match.Site) -> int:
 def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> SiteRecord:
   """flat_why: why the flat form is emitted, None: the tiled form is."""
   site = decision.site
-  before = _ring_bytes_before(site)
+  route: plan.Route | None = decision.route
+  before = round(route.native.total) if route else _ring_bytes_before(site)
   verdict: Verdict = "rewritten"
   if isinstance(decision, match.Skip):
     after, verdict, reason = before, "skipped", decision.reason
   elif policy.identity:
     after, reason = before, "identity: the native all-reduce, rebuilt"
   else:
-    after = policy.scheme.wire_bytes(decision.layout, site.kind)
+    assert route is not None
+    after = round(route.rewritten.total)
     # The algorithm does not enter an all-gather: one quantization, one all_gather.
     reason = policy.scheme.describe(algorithm=site.kind != "all_gather")
-    reason += _padding_note(after, before)
+    if route.name == "hierarchical":
+      levels = route.note.removeprefix("levels=")
+      reason = f"hierarchical ({levels}: native inside each domain, {reason} across)"
+    elif route.note:
+      reason += f"; {route.note}"
+    reason += _more_bytes_note(route)
     if flat_why is None:
       reason += "; tiled form"
     elif not policy.calibration:
@@ -110,6 +125,7 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     reason = f"an all-reduce and the slice of each rank's piece: {reason}"
   if site.kind != "all_reduce":
     reason = f"{site.kind}: {reason}"
+  prediction = decision.prediction
   return SiteRecord(
     site.index,
     site.location,
@@ -123,6 +139,10 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     after,
     site.kind,
     "all_reduce" if sliced else site.kind,
+    route.native if route else None,
+    (route.rewritten if verdict == "rewritten" else route.native) if route else None,
+    prediction.speedup if prediction else None,
+    route.name if route else "",
   )
 
 
@@ -136,11 +156,23 @@ def _promotion_note(op: ir.Operation) -> str:
   return f"; {', '.join(promoted)}" if promoted else ""
 
 
+def _more_bytes_note(route: plan.Route) -> str:
+  """Where a forced rewrite sends more than the native collective: on the slow links when
+  it crosses any, else in all (padding to whole blocks, or a flat form across domains)."""
+  if route.native.slow:
+    before, after, where = route.native.slow, route.rewritten.slow, " across domains"
+  else:
+    before, after, where = route.native.total, route.rewritten.total, ""
+  if before and after >= before:
+    return f"; sends {after / before:.2f}x the native bytes{where}"
+  return ""
+
+
 def _padding_note(after: int, before: int) -> str:
   """Padding to whole blocks (a tiny tensor, or the grid layout with a rotation) can
   cost more than quantizing saves; --equarx_min_bytes is the user's guard."""
   if before and after >= before:
-    return f"; sends {after / before:.1f}x the original's bytes (padding)"
+    return f"; sends {after / before:.2f}x the native bytes (padding)"
   return ""
 
 
@@ -154,11 +186,18 @@ def copy_module(module: ir.Module) -> ir.Module:
   return ir.Module.parse(buffer.getvalue(), context=module.context)
 
 
-def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = None) -> RewriteResult:
+def rewrite_module(
+  module: ir.Module,
+  policy: Policy,
+  platform: str | None = None,
+  topology: topology_lib.Topology | None = None,
+) -> RewriteResult:
   """Rewrite the all-reduces of a copy of `module` that `policy` selects.
 
   platform: the JAX platform the result will be compiled for ("cpu", "gpu", "tpu"),
   when known; with --equarx_outline=auto, sites are outlined only for "cpu".
+  topology: the fast domains of the module's device ids and their links (topology.py);
+  default: from --equarx_domain_devices / --equarx_domains, else one host per device.
   """
   start = time.perf_counter()
   out = copy_module(module)
@@ -166,8 +205,12 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
   target = policy.target_platform(platform)
   policy, flat_why = policy.replace(platform=target).resolved()
   facts = match.module_facts(out)
+  if topology is None or policy.domain_devices or policy.domains:
+    topology = default_topology(facts, policy, target)
   ops = match.find_sites(out, policy.ops)
-  decisions = [match.match(op, i, facts, policy) for i, op in enumerate(ops)]
+  decisions = [
+    plan.decide(match.match(op, i, facts, policy), policy, topology) for i, op in enumerate(ops)
+  ]
   records = [_record(d, policy, flat_why) for d in decisions]
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
   calibrated = {} if policy.identity else _calibrated_plans(candidates, policy, records)
@@ -195,9 +238,28 @@ def rewrite_module(module: ir.Module, policy: Policy, platform: str | None = Non
             outline_into,
             tiled_form=flat_why is None,
             target=target,
+            topology=topology,
           )
     verify(out)
-  return RewriteResult(out, records, time.perf_counter() - start)
+  return RewriteResult(out, records, time.perf_counter() - start, topology)
+
+
+def default_topology(
+  facts: match.ModuleFacts, policy: Policy, platform: str
+) -> topology_lib.Topology:
+  """The topology the flags give for the module's devices (one host per device without
+  --equarx_domain_devices / --equarx_domains)."""
+  try:
+    return topology_lib.from_size(
+      facts.num_partitions * facts.num_replicas,
+      platform,
+      policy.domain_devices,
+      policy.domains,
+      policy.fast_link_bandwidth,
+      policy.slow_link_bandwidth,
+    )
+  except ValueError as e:
+    raise FlagError(f"--equarx_domains: {e}") from None
 
 
 def _replace(
@@ -207,14 +269,14 @@ def _replace(
   outline_into: ir.Module | None,
   tiled_form: bool,
   target: str,
+  topology: topology_lib.Topology,
 ) -> None:
   scheme = policy.scheme
-  plan = SitePlan(
-    cand.layout,
-    cand.schedule,
-    cand.site.device_kind,
-    cand.site.num_devices,
-    scheme,
+  site_plan = functools.partial(
+    SitePlan,
+    device_kind=cand.site.device_kind,
+    num_devices=cand.site.num_devices,
+    scheme=scheme,
     unrolled=cand.site.nbytes >= policy.unroll_min_bytes,
     # On CPU: the model's butterflies (its bits), and no collective inside a loop.
     matmul_rotation=target != "cpu",
@@ -222,8 +284,29 @@ def _replace(
   )
   site = cand.site
   emit: Callable[[list[ir.Value]], list[ir.Value]]
-  if site.kind == "all_reduce":
-    emit = functools.partial(scheme.algo.emit, plan=plan, channels=channels, tiled=tiled_form)
+  if cand.route is not None and cand.route.name == "hierarchical":
+    levels, outer = plan.schedule_levels(cand, topology)
+
+    def cross(piece: ir.Value) -> ir.Value:
+      (size,) = ir.RankedTensorType(piece.type).shape
+      layout = scheme.layout(size, levels.domains)
+      return scheme.algo.emit([piece], site_plan(layout, outer), channels, tiled_form)[0]
+
+    emit = functools.partial(
+      hierarchical.emit,
+      levels=levels,
+      device_kind=site.device_kind,
+      channels=channels,
+      cross=cross,
+    )
+    what = f"the hierarchical {scheme.algorithm} all-reduce"
+  elif site.kind == "all_reduce":
+    emit = functools.partial(
+      scheme.algo.emit,
+      plan=site_plan(cand.layout, cand.schedule),
+      channels=channels,
+      tiled=tiled_form,
+    )
     what = f"the quantized {scheme.algorithm} all-reduce"
   else:
     result = (cand.slice_op or cand.op).results[0]
@@ -233,7 +316,8 @@ def _replace(
       ir.RankedTensorType(result.type),
     )
     emitter = scheme.algo.emit_pieces if site.kind == "reduce_scatter" else emit_all_gather
-    emit = lambda operands: emitter(operands[0], plan, channels, pieces)  # noqa: E731
+    plan_ = site_plan(cand.layout, cand.schedule)
+    emit = lambda operands: emitter(operands[0], plan_, channels, pieces)  # noqa: E731
     what = f"the quantized {site.kind}"
   _emit_in_place(
     cand,

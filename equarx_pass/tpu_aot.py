@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import math
 import os
 import subprocess
 import sys
@@ -133,6 +135,43 @@ def count_collectives(hlo_text: str) -> dict:
     "quantized_collectives": quantized_collectives,
     "all_reduce_shapes": shapes,
   }
+
+
+# Bytes per element of the HLO element types a transfer may carry.
+_HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
+_TRANSFER = re.compile(r"= \(([a-z0-9]+)\[([0-9,]*)\]")
+_TRANSFER_TYPE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
+
+
+def cross_slice_bytes(hlo_text: str, num_slices: int) -> float:
+  """Bytes per chip that a compiled multislice TPU program sends between slices (DCN).
+
+  Traffic between slices is the program's host transfers (`send`/`recv` with
+  `is_host_transfer=true`) to the cross-slice runtime, each typed by the attribute
+  `_xla_megascale_transfer_type`.  For S slices, per chip and per transfer of B bytes:
+  an ALL_REDUCE sends 2 (S-1)/S B (a bandwidth-optimal all-reduce of B across S), an
+  ALL_TO_ALL (S-1)/S B (the parts bound for other slices), an ALL_GATHER of a result of
+  R bytes (S-1)/S R (its own part once to every other slice); any other host transfer,
+  its B bytes.
+  """
+  share = (num_slices - 1) / num_slices
+  total = 0.0
+  for line in hlo_text.splitlines():
+    if "is_host_transfer=true" not in line or "-done" in line.split("=")[0]:
+      continue
+    sends, receives = " send(" in line, " recv(" in line
+    found = _TRANSFER.search(line)
+    if not found or not (sends or receives):
+      continue
+    dims = [int(d) for d in found.group(2).split(",") if d]
+    nbytes = _HLO_BYTES.get(found.group(1), 4) * math.prod(dims)
+    kind_match = _TRANSFER_TYPE.search(line)
+    kind = kind_match.group(1) if kind_match else "OTHER"
+    if kind == "ALL_GATHER":
+      total += share * nbytes if receives else 0
+    elif sends:
+      total += {"ALL_REDUCE": 2 * share, "ALL_TO_ALL": share}.get(kind, 1.0) * nbytes
+  return total
 
 
 def _compile_in_this_process(module_text: str, target: str) -> dict:

@@ -13,6 +13,7 @@ import errno
 import os
 import secrets
 import stat
+from typing import Any
 
 from equarx_pass import tpu_aot
 from equarx_pass import parse
@@ -28,6 +29,7 @@ class TransformResult:
   input_kind: str
   pass_seconds: float
   tpu: tpu_aot.TopologyCompile | None = None
+  topology: Any = None  # the fast domains the sites were planned on (topology.py)
 
 
 def transform_text(data: bytes | str, policy: Policy, path: str = "<input>") -> TransformResult:
@@ -42,7 +44,7 @@ def transform_text(data: bytes | str, policy: Policy, path: str = "<input>") -> 
     # Name the input, as parse errors do: the CLI prints only the message.
     raise type(e)(f"{path}: {e}") from e
   return TransformResult(
-    text, _name_the_file(result.records, path), parsed.kind, result.seconds, tpu
+    text, _name_the_file(result.records, path), parsed.kind, result.seconds, tpu, result.topology
   )
 
 

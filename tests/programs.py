@@ -32,7 +32,9 @@ import equarx_pass
 
 AUTO = jax.sharding.AxisType.Auto
 IDENTITY = "--equarx_enable --equarx_min_bytes=0 --equarx_identity"
-QUANTIZED = "--equarx_enable --equarx_min_bytes=0"
+# Every all-reduce rewritten, whatever the cost model predicts (the emitted form is
+# what these programs test).
+QUANTIZED = "--equarx_enable --equarx_min_bytes=0 --equarx_force"
 
 D, F, B, S = 64, 256, 16, 16  # hidden, FFN, batch (tokens), sequence
 

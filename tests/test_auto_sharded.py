@@ -213,7 +213,7 @@ def test_other_meshes(order):
 def test_auto_falls_back_to_plain_jit_with_the_reason(monkeypatch):
   # When the partitioned route cannot take a program, `auto` runs it as plain
   # jax.jit (same bits) and the report says why; `on` raises instead.
-  def refuse(lowered, policy):
+  def refuse(lowered, policy, topology=None):
     raise partitioned.NotPartitionable("a reason the route gives")
 
   monkeypatch.setattr(partitioned, "rewrite_partitioned", refuse)

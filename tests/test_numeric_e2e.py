@@ -52,7 +52,7 @@ MESHES = {
 
 def flags(block: int, extra: str = "") -> str:
   return (
-    f"--equarx_enable --equarx_min_bytes=0 --equarx_block_size={block} {RING} {extra}"
+    f"--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_block_size={block} {RING} {extra}"
   ).strip()
 
 
@@ -378,7 +378,8 @@ def test_multi_operand_all_reduce_is_one_ring():
   lowered = jax.jit(g).lower(a, b)
   module = parse.parse_bytes(MULTI_OPERAND, context=lowered.compiler_ir("stablehlo").context).module
   result = equarx_pass.rewrite_module(
-    module, Policy(enable=True, min_bytes=0, block_size=128, algorithm="ring", rotation="none")
+    module,
+    Policy(enable=True, min_bytes=0, force=True, block_size=128, algorithm="ring", rotation="none"),
   )
   assert [(r.decision, r.shapes) for r in result.records] == [
     ("rewritten", ((1, 1001), (1, 7, 13)))

@@ -61,7 +61,7 @@ DEVICES = jax.devices()
 
 
 def flags(extra: str) -> str:
-  return f"--equarx_enable --equarx_min_bytes=0 {extra}".strip()
+  return f"--equarx_enable --equarx_min_bytes=0 --equarx_force {extra}".strip()
 
 
 # --- programs and groups ------------------------------------------------------

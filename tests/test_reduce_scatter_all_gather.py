@@ -23,7 +23,10 @@ from equarx_pass import scheme as scheme_lib
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools"))
 import wire_bytes  # noqa: E402
 
-ON = "--equarx_enable --equarx_min_bytes=0 --equarx_ops=all_reduce,reduce_scatter,all_gather "
+ON = (
+  "--equarx_enable --equarx_min_bytes=0 --equarx_force "
+  "--equarx_ops=all_reduce,reduce_scatter,all_gather "
+)
 SCHEMES = [
   "",  # the default: int8 two-shot, block 128, Hadamard 128
   "--equarx_rotation=none",
@@ -109,7 +112,7 @@ def test_bf16_pieces_equal_the_model(inputs):
 
 def test_default_ops_leave_reduce_scatter_and_all_gather_alone(inputs):
   for program in (_scatter(1), _gather(1)):
-    fn = equarx_pass.jit(program, flags="--equarx_enable --equarx_min_bytes=0")
+    fn = equarx_pass.jit(program, flags="--equarx_enable --equarx_min_bytes=0 --equarx_force")
     np.testing.assert_array_equal(np.asarray(fn(inputs)), np.asarray(jax.jit(program)(inputs)))
     assert fn.report.records == []
 
@@ -179,7 +182,9 @@ def test_reduce_scatter_alone_still_finds_the_sliced_all_reduce():
   reduce-scatter; every other all-reduce is listed, skipped with the reason."""
   step, params, x, kwargs = _fsdp_step()
   fn = equarx_pass.jit(
-    step, flags="--equarx_enable --equarx_min_bytes=0 --equarx_ops=reduce_scatter", **kwargs
+    step,
+    flags="--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_ops=reduce_scatter",
+    **kwargs,
   )
   fn(params, x)
   records = fn.report.records

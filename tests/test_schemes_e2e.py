@@ -59,7 +59,7 @@ def inputs():
 def test_scheme_equals_model_one_group(flags, inputs):
   mesh = Mesh(np.array(jax.devices()), ("tp",))
   fn = equarx_pass.jit(
-    psum_program(mesh, "tp"), flags="--equarx_enable --equarx_min_bytes=0 " + flags
+    psum_program(mesh, "tp"), flags="--equarx_enable --equarx_min_bytes=0 --equarx_force " + flags
   )
   out = np.asarray(fn(inputs))
   again = np.asarray(fn(inputs))
@@ -90,7 +90,7 @@ def test_scheme_equals_model_subgroups_bf16(flags, axis, inputs):
   mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
   x = inputs.astype(jnp.bfloat16)
   fn = equarx_pass.jit(
-    psum_program(mesh, axis), flags="--equarx_enable --equarx_min_bytes=0 " + flags
+    psum_program(mesh, axis), flags="--equarx_enable --equarx_min_bytes=0 --equarx_force " + flags
   )
   out = np.asarray(fn(x))
   assert out.dtype == jnp.bfloat16
@@ -115,7 +115,7 @@ def test_zero_and_nonfinite_for_every_format():
     "--equarx_algorithm=two_shot",
   ):
     fn = equarx_pass.jit(
-      psum_program(mesh, "tp"), flags="--equarx_enable --equarx_min_bytes=0 " + flags
+      psum_program(mesh, "tp"), flags="--equarx_enable --equarx_min_bytes=0 --equarx_force " + flags
     )
     out = np.asarray(fn(x))
     assert np.all(out[:, :1024] == 0), flags

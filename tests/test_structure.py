@@ -296,15 +296,19 @@ def test_hlo_text_fixture_keeps_the_partition_count():
   assert (facts.num_partitions, facts.num_replicas) == (8, 1)
 
 
-def test_padding_that_costs_bytes_is_reported():
-  """Grid layout + rotation pads each 4096-value chunk to 131072 values: still rewritten
-  (the size threshold is the user's guard), but the report says what it costs."""
-  result = transform("tp_mlp_f32.mlir", "--equarx_enable --equarx_block_layout=grid")
-  (record,) = result.records
-  assert record.rewritten and record.bytes_after > record.bytes_before
-  assert "the original's bytes (padding)" in record.reason
+def test_padding_that_costs_bytes_is_left_native_unless_forced():
+  """Grid layout + rotation pads each 4096-value chunk to 131072 values: the rewrite would
+  send more than the native all-reduce, so the site stays native with the reason; forced,
+  it is rewritten and the report says what it costs."""
+  grid = "--equarx_enable --equarx_block_layout=grid"
+  (record,) = transform("tp_mlp_f32.mlir", grid).records
+  assert record.decision == "skipped"
+  assert record.reason.startswith("sends 8.25x the native bytes (padding to whole blocks)")
+  (forced,) = transform("tp_mlp_f32.mlir", grid + " --equarx_force").records
+  assert forced.rewritten and forced.bytes_after > forced.bytes_before
+  assert "; sends 8.25x the native bytes" in forced.reason
   plain = transform("tp_mlp_f32.mlir", "--equarx_enable").records[0]
-  assert "padding" not in plain.reason and plain.bytes_after < plain.bytes_before
+  assert "sends" not in plain.reason and plain.bytes_after < plain.bytes_before
 
 
 def _op_counts(text: str):

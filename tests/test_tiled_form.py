@@ -21,7 +21,7 @@ from equarx_pass import scheme as scheme_lib
 from equarx_pass.policy import Policy
 from meshes import psum_program
 
-TILED = "--equarx_enable --equarx_min_bytes=0 --equarx_platform=tpu "
+TILED = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_platform=tpu "
 EXACT = [
   "--equarx_rotation=none",
   "--equarx_rotation=none --equarx_block_size=256",

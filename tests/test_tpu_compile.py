@@ -91,3 +91,30 @@ def test_default_scheme_compiles_for_v5e():
   assert result.records[0].reason.endswith("tiled form")
   assert tpu.all_reduces == 0 and tpu.permutes == 0
   assert tpu.quantized_collectives >= 2
+
+
+def test_multislice_report_bytes_are_what_the_program_sends():
+  """Two v5e:2x2 slices (compile-only): a psum over both mesh axes is hierarchical, and the
+  report's bytes across slices equal those counted from the compiled program's
+  cross-slice transfers, natively, hierarchical and flat; a psum inside a slice stays
+  native (fast links only)."""
+  import json
+  import subprocess
+  import sys
+
+  child = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multislice_child.py")
+  env = dict(os.environ, JAX_PLATFORMS="")
+  proc = subprocess.run(
+    [sys.executable, child], capture_output=True, text=True, timeout=600, env=env
+  )
+  assert proc.returncode == 0, proc.stderr[-2000:]
+  got = json.loads(proc.stdout.strip().splitlines()[-1])
+  native = got["dcn,ici:native"]["counted"]
+  hier, flat = got["dcn,ici:default"], got["dcn,ici:flat"]
+  assert hier["route"] == "hierarchical" and hier["before"] == pytest.approx(native, rel=0.05)
+  assert hier["after"] == pytest.approx(hier["counted"], rel=0.05)
+  assert hier["counted"] <= 0.55 * native
+  assert flat["after"] == pytest.approx(flat["counted"], rel=0.05) and flat["counted"] > native
+  assert "sends 1.29x the native bytes across domains" in flat["reason"]
+  inside = got["ici:default"]
+  assert inside["decision"] == "skipped" and inside["reason"].startswith("fast links only")

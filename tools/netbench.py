@@ -5,14 +5,19 @@
     sudo python tools/netbench.py --procs 4 --rates 100mbit --sizes 8M --dtypes bf16 \
         --scheme="--equarx_enable" --scheme="--equarx_enable --equarx_format=int4"
 
-P JAX processes (1 CPU device each, jax.distributed over gloo), each in its own
-network namespace whose egress tc limits to RATE (tools/netns.py).  For every
-rate, dtype and per-device message size, the same run compares:
+P JAX processes (--procs hosts, --devices-per-host D CPU devices each, jax.distributed
+over gloo), each in its own network namespace whose egress tc limits to RATE
+(tools/netns.py).  One psum over all P x D devices; for every rate, dtype and
+per-device message size, the same run compares:
 
   native    jax.lax.psum as XLA compiles it (XLA:CPU's all-reduce over gloo)
-  bf16ring  an unquantized bf16 ring of ppermutes (tools/bf16_ring.py): the
-            bandwidth-optimal bf16 all-reduce, the paper's baseline
-  SCHEME    equarx_pass.jit(psum, flags=SCHEME --equarx_min_bytes=0) per scheme
+  bf16ring  the unquantized bandwidth-optimal bf16 all-reduce, the paper's baseline:
+            a ring of ppermutes across the hosts (tools/bf16_ring.py), with D > 1 on
+            each host's 1/D piece between a native reduce-scatter and all-gather
+            inside the host (the hierarchical bf16 all-reduce)
+  SCHEME    equarx_pass.jit(psum, flags=SCHEME --equarx_min_bytes=0) per scheme; the
+            hosts are its fast domains (one per process), so with D > 1 the default
+            is the hierarchical form
 
 Per program: warm-up calls, then REPEATS timed calls, each after a barrier (a
 tiny psum); time of a call = the slowest host's; the table shows the median.
@@ -71,27 +76,44 @@ def worker(cfg: dict) -> None:
   import equarx_pass
   from bf16_ring import bf16_ring_allreduce
 
-  rank, n = cfg["rank"], cfg["procs"]
+  rank, hosts, per_host = cfg["rank"], cfg["procs"], cfg.get("devices_per_host", 1)
+  jax.config.update("jax_num_cpu_devices", per_host)
   jax.distributed.initialize(
-    cfg["coordinator"], num_processes=n, process_id=rank, initialization_timeout=120
+    cfg["coordinator"], num_processes=hosts, process_id=rank, initialization_timeout=120
   )
+  n = hosts * per_host
   assert jax.device_count() == n, jax.devices()
-  mesh = Mesh(np.array(jax.devices()), ("x",))
-  sharding = NamedSharding(mesh, P("x"))
-  local = jax.local_devices()[0]
+  devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+  mesh = Mesh(np.array(devices).reshape(hosts, per_host), ("host", "dev"))
+  axes = ("host", "dev")
+  sharding = NamedSharding(mesh, P(axes))
+  local = [d for d in devices if d.process_index == jax.process_index()]
   out = open(cfg["out"], "a")
   say = print if rank == 0 else (lambda *a, **k: None)
 
-  def global_array(host_values):
+  def global_array(values_of):
+    """values_of(i): the values of device i (global position)."""
+    first = values_of(rank * per_host)
     return jax.make_array_from_single_device_arrays(
-      (n,) + host_values.shape, sharding, [jax.device_put(host_values[None], local)]
+      (n,) + first.shape,
+      sharding,
+      [jax.device_put(values_of(rank * per_host + j)[None], d) for j, d in enumerate(local)],
     )
 
   def shard_mapped(body):
-    return jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+    return jax.shard_map(body, mesh=mesh, in_specs=P(axes), out_specs=P(axes))
 
-  barrier_fn = jax.jit(shard_mapped(lambda v: jax.lax.psum(v, "x")))
-  token = global_array(np.ones(1, np.float32))
+  def hierarchical_bf16(v):
+    """Native reduce-scatter inside the host, the bf16 ring across hosts, all-gather."""
+    v = v.reshape(-1)
+    size = v.shape[0]
+    pad = -size % per_host
+    piece = jax.lax.psum_scatter(jnp.pad(v, (0, pad)), "dev", tiled=True)
+    piece = bf16_ring_allreduce(piece, "host", hosts)
+    return jax.lax.all_gather(piece, "dev", tiled=True)[:size].reshape(1, -1)
+
+  barrier_fn = jax.jit(shard_mapped(lambda v: jax.lax.psum(v, axes)))
+  token = global_array(lambda i: np.ones(1, np.float32))
 
   def barrier():
     barrier_fn(token).block_until_ready()
@@ -104,13 +126,13 @@ def worker(cfg: dict) -> None:
 
   def programs(nbytes_model):
     progs = {
-      "native": (jax.jit(shard_mapped(lambda v: jax.lax.psum(v, "x"))), None),
-      "bf16ring": (jax.jit(shard_mapped(lambda v: bf16_ring_allreduce(v, "x", n))), nbytes_model),
+      "native": (jax.jit(shard_mapped(lambda v: jax.lax.psum(v, axes))), None),
+      "bf16ring": (jax.jit(shard_mapped(hierarchical_bf16)), nbytes_model),
     }
     for scheme in cfg["schemes"]:
       try:
         f = equarx_pass.jit(
-          shard_mapped(lambda v: jax.lax.psum(v, "x")), flags=scheme + " --equarx_min_bytes=0"
+          shard_mapped(lambda v: jax.lax.psum(v, axes)), flags=scheme + " --equarx_min_bytes=0"
         )
       except equarx_pass.FlagError as e:
         progs[scheme] = (None, f"not available ({e})")
@@ -122,10 +144,11 @@ def worker(cfg: dict) -> None:
     dtype = {"bf16": jnp.bfloat16, "f32": np.float32}[dtype_name]
     for size in cfg["sizes"]:
       num_values = size // DTYPE_BYTES[dtype_name]
-      mine = _inputs(rank, num_values, dtype)
       exact = sum(_inputs(r, num_values, dtype).astype(np.float64) for r in range(n))
-      x = global_array(mine)
-      ring_bytes = 2 * (n - 1) * -(-num_values // n) * 2
+      x = global_array(lambda i: _inputs(i, num_values, dtype))
+      # Per host: each of its devices rings its 1/D piece across the hosts in bf16.
+      piece = -(-num_values // per_host)
+      ring_bytes = per_host * 2 * (hosts - 1) * -(-piece // hosts) * 2
       for name, (f, note) in programs(ring_bytes).items():
         row = dict(rank=rank, rate=cfg["rate"], dtype=dtype_name, size=size, program=name)
         if f is None:
@@ -154,12 +177,19 @@ def worker(cfg: dict) -> None:
             y.block_until_ready()
             times.append(time.perf_counter() - start)
           sent = (_tx_bytes() - tx - reps * barrier_bytes) / reps
-          got = np.asarray(y.addressable_shards[0].data).reshape(-1)
+          shards = [np.asarray(s.data).reshape(-1) for s in y.addressable_shards]
+          got = shards[0]
           err = float(np.linalg.norm(got.astype(np.float64) - exact) / np.linalg.norm(exact))
+          # "same" across hosts compares these; a host whose devices differ never matches.
           digest = hashlib.sha256(got.tobytes()).hexdigest()[:16]
+          if any(not np.array_equal(got, other) for other in shards[1:]):
+            digest = f"{digest}-devices-differ-on-host-{rank}"
           model = None
           if hasattr(f, "report") and f.report.records:
-            model = f.report.records[-1].bytes_after
+            # The report's bytes across hosts, per device: what this host's link carries.
+            record = f.report.records[-1]
+            after = record.traffic_after
+            model = per_host * after.slow if after is not None else record.bytes_after
           elif name == "bf16ring":
             model = ring_bytes
           row.update(
@@ -476,7 +506,10 @@ def plot(agg: list[dict], path: str) -> None:
 
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("--procs", type=int, default=4)
+  ap.add_argument("--procs", type=int, default=4, help="hosts")
+  ap.add_argument(
+    "--devices-per-host", type=int, default=1, help="CPU devices in each host's process"
+  )
   ap.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"])
   ap.add_argument(
     "--sizes",
@@ -572,7 +605,12 @@ def main() -> int:
         "budget": {rate: 3 * est + 60},
         "xla_flags": args.xla_flags,
         "worker": dict(
-          sizes=rsizes, dtypes=args.dtypes, schemes=ok, repeats=args.repeats, warmup=args.warmup
+          sizes=rsizes,
+          dtypes=args.dtypes,
+          schemes=ok,
+          repeats=args.repeats,
+          warmup=args.warmup,
+          devices_per_host=args.devices_per_host,
         ),
       }
       print(
@@ -589,6 +627,7 @@ def main() -> int:
   result = dict(
     machine=benchlib.machine_info(),
     procs=args.procs,
+    devices_per_host=args.devices_per_host,
     rates=args.rates,
     repeats=args.repeats,
     warmup=args.warmup,

@@ -28,6 +28,10 @@ collective (no shard_map, no psum):
          scaling tutorials), the batch sharded too; the partitioner all-gathers the
          weights and all-reduces the gradients (on XLA:CPU a full all-reduce followed by
          a slice, not a reduce-scatter).
+  hybrid_tp, hybrid_fsdp  2 emulated hosts of 4 devices (--equarx_domain_devices=4 added
+         to every scheme): data parallel across the hosts, tensor parallel (dp_tp's rules)
+         or FSDP (on 4) inside; "bytes across hosts" is what each device sends between
+         hosts per step, by the site report.
 
 Schemes (--scheme, repeatable; "none" is plain jax.jit): each trains --steps steps from the
 same initial state on the same batches; the train step is jax.jit(step, in_shardings=...,
@@ -103,6 +107,10 @@ NATIVE_FLAGS = "--equarx_enable --equarx_identity --equarx_min_bytes=0 --equarx_
 MESHES = {
   "dp_tp": (("data", 2), ("model", 4)),
   "fsdp": (("fsdp", 8),),
+  # Emulated hosts: 2 hosts of 4 devices (--equarx_domain_devices=4), data parallel across
+  # the hosts, tensor parallel or FSDP inside each.
+  "hybrid_tp": (("data", 2), ("model", 4)),
+  "hybrid_fsdp": (("data", 2), ("fsdp", 4)),
 }
 # Megatron-style rules of the dp_tp mesh (logical axis -> mesh axis); names not listed
 # ('embed', 'kv', 'length') are replicated.
@@ -229,9 +237,13 @@ def fsdp_sharding(mesh, shape) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
+# The fast domains of the hybrid meshes: the devices of one "data" index are a host.
+HOSTS = {"hybrid_tp": 4, "hybrid_fsdp": 4}
+
+
 def state_shardings(name, mesh, abstract_state):
   """The NamedShardings of the (unboxed) train state, from its abstract, boxed form."""
-  if name == "dp_tp":
+  if name in ("dp_tp", "hybrid_tp"):
     return nn.logical_to_mesh_sharding(nn.get_partition_spec(abstract_state), mesh, DP_TP_RULES)
   return jax.tree.map(
     lambda x: fsdp_sharding(mesh, nn.unbox(x).shape),
@@ -241,7 +253,20 @@ def state_shardings(name, mesh, abstract_state):
 
 
 def batch_sharding(name, mesh) -> NamedSharding:
-  return NamedSharding(mesh, P("data" if name == "dp_tp" else "fsdp", None))
+  axes = {"dp_tp": "data", "fsdp": "fsdp", "hybrid_tp": "data", "hybrid_fsdp": ("data", "fsdp")}
+  return NamedSharding(mesh, P(axes[name], None))
+
+
+def across_hosts(fn, native: bool = False) -> float | None:
+  """Bytes one device sends between hosts per step, by the report (the sites' slow-link
+  bytes: rewritten, or native where the site stayed native); None without a topology."""
+  recs = [r for r in fn.report.records if r.traffic_before is not None]
+  if not recs:
+    return None
+  # Sites without traffic (integer or max reductions: a few bytes) are left out.
+  return float(
+    sum((r.traffic_before if native or not r.rewritten else r.traffic_after).slow for r in recs)
+  )
 
 
 def replicated_mismatches(tree) -> int:
@@ -377,8 +402,10 @@ def run_mesh(name, opts, model, batches, eval_data, schemes):
   # Wire bytes of plain jax.jit's per-device program (see NATIVE_FLAGS).
   state = init_state(jax.random.key(opts.seed))
   first = jax.device_put(batches[0], data_sharding)
-  native = equarx_pass.jit(train_step, flags=NATIVE_FLAGS, **jit_kwargs)
+  hosts = f" --equarx_domain_devices={HOSTS[name]}" if name in HOSTS else ""
+  native = equarx_pass.jit(train_step, flags=NATIVE_FLAGS + hosts, **jit_kwargs)
   native_wire, native_unknown = count_wire(native.lower(state, first), mesh.size)
+  native_across = across_hosts(native, native=True) if hosts else None
   initial_heldout = heldout_loss(state.params)
   del state
 
@@ -392,7 +419,7 @@ def run_mesh(name, opts, model, batches, eval_data, schemes):
     if flags == NONE:
       step_fn = jax.jit(train_step, **jit_kwargs)
     else:
-      step_fn = equarx_pass.jit(train_step, flags=flags, **jit_kwargs)
+      step_fn = equarx_pass.jit(train_step, flags=flags + hosts, **jit_kwargs)
     state = init_state(jax.random.key(opts.seed))
     t = time.perf_counter()
     lowered = step_fn.lower(state, first)
@@ -452,6 +479,9 @@ def run_mesh(name, opts, model, batches, eval_data, schemes):
         first_call_seconds=first_call,
         wire_bytes=wire,
         wire_bytes_total=sum(wire.values()),
+        bytes_across_hosts=(native_across if flags == NONE else across_hosts(step_fn))
+        if hosts
+        else None,
         unknown_trip_counts=unknown,
         params_mismatch_steps=params_bad,
         opt_state_mismatch_steps=opt_bad,
@@ -499,6 +529,8 @@ def table_rows(results, kinds) -> list[dict]:
       for k in kinds:
         row[f"{KIND_LABEL[k]}/step"] = benchlib.fmt_bytes(r["wire_bytes"][k])
       row["total/step"] = benchlib.fmt_bytes(r["wire_bytes_total"])
+      across = r.get("bytes_across_hosts")
+      row["across hosts/step"] = benchlib.fmt_bytes(across) if across is not None else "-"
       row["mismatches"] = f"{r['params_mismatch_steps']}/{r['opt_state_mismatch_steps']}"
       row["s/step"] = f"{r['seconds_per_step']:.3f}" if r["seconds_per_step"] else "-"
       out.append(row)
@@ -581,7 +613,11 @@ def main(argv=None) -> int:
   benchlib.add_scheme_argument(ap)
   ap.add_argument("--steps", type=int, default=300)
   ap.add_argument(
-    "--meshes", nargs="+", choices=sorted(MESHES), default=list(MESHES), help="default: both"
+    "--meshes",
+    nargs="+",
+    choices=sorted(MESHES),
+    default=["dp_tp", "fsdp"],
+    help="default: dp_tp fsdp; hybrid_tp and hybrid_fsdp emulate 2 hosts of 4 devices",
   )
   ap.add_argument("--layers", type=int, default=2)
   ap.add_argument("--emb", type=int, default=256)
@@ -665,7 +701,10 @@ def main(argv=None) -> int:
 
   kinds = [k for k in KINDS if any(r["wire_bytes"][k] for res in results for r in res["runs"])]
   columns = ["mesh", "scheme", "sites", "train loss", "held-out loss", "vs jax.jit"]
-  columns += [f"{KIND_LABEL[k]}/step" for k in kinds] + ["total/step", "mismatches", "s/step"]
+  columns += [f"{KIND_LABEL[k]}/step" for k in kinds] + ["total/step"]
+  if any(r.get("bytes_across_hosts") is not None for res in results for r in res["runs"]):
+    columns.append("across hosts/step")
+  columns += ["mismatches", "s/step"]
   rows = table_rows(results, kinds)
   print()
   print(

@@ -46,6 +46,11 @@ class Algorithm:
     returns each rank's f32 [N, C] result."""
     raise NotImplementedError
 
+  def collective_steps(self, group_size: int) -> int:
+    """Collective steps one all-reduce takes, one after the other (what a link's latency
+    is paid for): a ring's 2(N-1)."""
+    return 2 * (group_size - 1)
+
   def reduce_scatter_wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """Bytes one rank sends for the reduce-scatter half: N-1 quantized chunks."""
     return (layout.group_size - 1) * fmt.payload_bytes(layout.chunk, layout.blocks)

@@ -78,6 +78,11 @@ class TwoShot(Algorithm):
     chunk_bytes = fmt.payload_bytes(layout.chunk, layout.blocks)
     return (n - 1) * chunk_bytes + (n - 1) * chunk_bytes
 
+  def collective_steps(self, group_size: int) -> int:
+    """One all-to-all and one all-gather (the tiled form's codes and scales travel side
+    by side)."""
+    return 2
+
   def reference(
     self, x: list[np.ndarray], scheme: Scheme, layout: ChunkLayout, finish: Finish
   ) -> list[np.ndarray]:

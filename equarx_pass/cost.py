@@ -1,0 +1,167 @@
+"""The cost model: what a site sends over each class of link, natively and rewritten, and the
+time each takes, so that a site is rewritten only where that is predicted to win.
+
+A prediction is bytes over bandwidth plus a latency per collective step, for each link
+class (topology.py), plus the on-chip work the rewrite adds.  The figures are per device:
+what one device sends, and on CPU hosts (k devices share a host's link) what its host's
+link carries divided by k.  Plain Python.
+
+On-chip cost, seconds per operand byte that enters the quantized all-reduce, beyond the
+native all-reduce's own:
+  tpu  1.6e-11  the TPU compiler's estimates, v5e:2x2, 32 MiB bf16 per chip: the default
+                scheme 6.80x the native all-reduce's 91 us (`python tools/bench_tpu.py
+                --scheme="--equarx_enable" --topology v5e:2x2 --sizes 32M --dtypes bf16`)
+  gpu  5.0e-11  an H100: the ring step (dequantize, add, quantize) of 4 MiB of f32 in
+                0.065 ms (`python tools/bench_gpu_step.py --platform cuda`), three such
+                passes per value in a two-shot site (quantize, sum, dequantize)
+  cpu  5.8e-9   XLA:CPU, 4 devices in one process on 2 cores, 8 MiB of bf16 per device:
+                the default 85.9 ms against the native all-reduce's 37.4 ms
+                (`python tools/bench_ring_cpu.py --values 4M --dtypes bf16`)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from equarx_pass.topology import Topology
+
+COMPUTE_S_PER_BYTE = {"tpu": 1.6e-11, "gpu": 5.0e-11, "cpu": 5.8e-9}
+
+
+@dataclasses.dataclass(frozen=True)
+class Traffic:
+  """Bytes one device sends over each link class, and the collective steps on each."""
+
+  fast: float = 0.0
+  slow: float = 0.0
+  fast_steps: int = 0
+  slow_steps: int = 0
+
+  def __add__(self, other: Traffic) -> Traffic:
+    return Traffic(
+      self.fast + other.fast,
+      self.slow + other.slow,
+      self.fast_steps + other.fast_steps,
+      self.slow_steps + other.slow_steps,
+    )
+
+  def seconds(self, topology: Topology, sharing: int = 1) -> float:
+    """`sharing`: devices of a domain that send alike (a shared link divides by them)."""
+    return topology.fast.seconds(self.fast, self.fast_steps, sharing) + topology.slow.seconds(
+      self.slow, self.slow_steps, sharing
+    )
+
+  @property
+  def total(self) -> float:
+    return self.fast + self.slow
+
+
+def wire_itemsize(dtype_bytes: int, platform: str) -> int:
+  """Bytes per element a native float collective puts on the wire: XLA:CPU widens 16-bit
+  floats to f32 on the wire."""
+  return 4 if platform == "cpu" and dtype_bytes == 2 else dtype_bytes
+
+
+def _split(group: Sequence[int], topology: Topology) -> tuple[int, int]:
+  """(domains the group spans, members per domain, the largest)."""
+  parts = topology.split(group)
+  return len(parts), max(len(p) for p in parts)
+
+
+def native_all_reduce(
+  group: Sequence[int], nbytes: int, dtype_bytes: int, topology: Topology
+) -> Traffic:
+  """The native all-reduce of `nbytes` per device over `group`.
+
+  Inside one domain: a ring, 2(N-1)/N of the bytes on fast links.  Across S domains of k:
+  on TPU and GPU the bandwidth-optimal hierarchical form (XLA across TPU slices, NCCL
+  across hosts): 2(k-1)/k of the bytes inside, 2(S-1)/S of a 1/k piece across.  On CPU,
+  XLA's collectives across processes (gloo) are one flat ring over the devices: each
+  host's link carries 2(N-1)/N of one device's bytes, widened to f32, per k devices.
+  """
+  n = len(group)
+  domains, k = _split(group, topology)
+  wire = nbytes * wire_itemsize(dtype_bytes, topology.platform) // max(dtype_bytes, 1)
+  if domains == 1:
+    # Inside one CPU process an all-reduce is one rendezvous, not a ring of steps.
+    steps = 1 if topology.platform == "cpu" else 2 * (n - 1)
+    return Traffic(fast=2 * (n - 1) / n * wire, fast_steps=steps)
+  if topology.platform == "cpu":
+    return Traffic(
+      fast=2 * (n - 1) / n * wire * (k - 1) / k,
+      slow=2 * (n - 1) / n * wire / k,
+      fast_steps=2 * (n - 1),
+      slow_steps=2 * (n - 1),
+    )
+  return Traffic(
+    fast=2 * (k - 1) / k * wire,
+    slow=2 * (domains - 1) / domains * wire / k,
+    fast_steps=2 * (k - 1),
+    slow_steps=2 * (domains - 1),
+  )
+
+
+def native_inside(per_domain: int, nbytes: int, dtype_bytes: int, platform: str) -> Traffic:
+  """A native reduce-scatter and all-gather of `nbytes` inside a domain of k devices."""
+  k = per_domain
+  wire = nbytes * wire_itemsize(dtype_bytes, platform) // max(dtype_bytes, 1)
+  return Traffic(fast=2 * (k - 1) / k * wire, fast_steps=2)
+
+
+def quantized_flat(
+  group: Sequence[int], wire_bytes: int, steps: int, topology: Topology, ring: bool
+) -> Traffic:
+  """The quantized all-reduce over the whole group: `wire_bytes` per device in `steps`
+  collective steps, split by where the bytes go.  A ring sends everything to its
+  neighbour (group order).  A two-shot sends half its bytes in an all-to-all, a piece to
+  every other member, and half in an all-gather, which a collective that spans domains
+  moves across them once per remote domain, not once per remote member (XLA across TPU
+  slices; counted from compiled programs, tools/bench_multislice.py)."""
+  n = len(group)
+  domain = [topology.domain_of(d) for d in group]
+  if ring:
+    slow = wire_bytes * sum(domain[r] != domain[(r + 1) % n] for r in range(n)) / n
+  else:
+    remote_members = sum(a != b for a in domain for b in domain) / n
+    remote_domains = len(set(domain)) - 1
+    slow = wire_bytes / 2 * (remote_members + remote_domains) / (n - 1)
+  return Traffic(
+    fast=wire_bytes - slow,
+    slow=slow,
+    fast_steps=steps if slow < wire_bytes else 0,
+    slow_steps=steps if slow > 0 else 0,
+  )
+
+
+@dataclasses.dataclass(frozen=True)
+class Prediction:
+  native: Traffic
+  rewritten: Traffic
+  native_s: float
+  rewritten_s: float
+  compute_s: float
+
+  @property
+  def speedup(self) -> float:
+    return self.native_s / self.rewritten_s if self.rewritten_s > 0 else float("inf")
+
+
+def predict(
+  native: Traffic,
+  rewritten: Traffic,
+  quantized_bytes: int,
+  topology: Topology,
+  sharing: int = 1,
+) -> Prediction:
+  """Native against rewritten time; `quantized_bytes` enter the quantized all-reduce;
+  `sharing` devices of a domain send alike."""
+  compute = COMPUTE_S_PER_BYTE.get(topology.platform, COMPUTE_S_PER_BYTE["tpu"])
+  compute_s = quantized_bytes * compute
+  return Prediction(
+    native,
+    rewritten,
+    native.seconds(topology, sharing),
+    rewritten.seconds(topology, sharing) + compute_s,
+    compute_s,
+  )

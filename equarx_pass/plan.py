@@ -1,0 +1,180 @@
+"""The per-site plan: which rewrite a matched site gets on this topology, and whether it pays.
+
+match.py says which collectives the policy selects; this module takes each candidate and
+the topology (topology.py) and returns the candidate with its route and the cost model's
+prediction (cost.py), or a Skip with the reason ("fast links only: rewrite predicted
+0.40x").  The routes, tried in order, each a small function that returns None where it
+does not apply:
+
+  identity      --equarx_identity: the native collective, rebuilt; no prediction gate
+  hierarchical  an all-reduce whose groups span fast domains evenly: native inside each
+                domain, quantized across (hierarchical.py)
+  flat          the scheme over the whole group (also every reduce-scatter and all-gather,
+                and the calibrated scheme)
+
+`--equarx_force` keeps every candidate whatever the prediction; nothing else does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from equarx_pass import cost
+from equarx_pass.layout import make_schedule
+from equarx_pass.match import Candidate, Decision, Skip
+from equarx_pass.policy import DTYPE_BYTES, Policy
+from equarx_pass.topology import Topology, split_groups
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+  """How a candidate is rewritten, with what it sends."""
+
+  name: str  # "identity", "hierarchical", "flat"
+  native: cost.Traffic
+  rewritten: cost.Traffic
+  quantized_bytes: int  # operand bytes that enter the quantized all-reduce
+  note: str = ""  # why the route was taken over a better one, for the report
+
+
+def _operand_bytes(cand: Candidate) -> tuple[int, int]:
+  """(bytes of the operands per device, bytes per element of the widest)."""
+  site = cand.site
+  sizes = [DTYPE_BYTES.get(o.dtype, 4) for o in site.operands]
+  return sum(o.size * b for o, b in zip(site.operands, sizes)), max(sizes)
+
+
+def _identity(cand: Candidate, policy: Policy, topology: Topology) -> Route | None:
+  if not policy.identity:
+    return None
+  nbytes, itemsize = _operand_bytes(cand)
+  group = cand.site.groups[0] if cand.site.groups else ()
+  native = cost.native_all_reduce(group, nbytes, itemsize, topology)
+  return Route("identity", native, native, 0)
+
+
+def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route | None:
+  site = cand.site
+  if site.kind != "all_reduce" or cand.slice_op is not None or policy.hierarchy == "flat":
+    return None
+  if policy.calibration:
+    return None  # the calibrated scheme's scales are per device: it stays flat
+  assert site.groups is not None
+  levels = split_groups(site.groups, topology)
+  if isinstance(levels, str) or levels.per_domain < 2:
+    return None
+  nbytes, itemsize = _operand_bytes(cand)
+  scheme = policy.scheme
+  k = levels.per_domain
+  piece = -(-sum(o.size for o in site.operands) // k)
+  layout = scheme.layout(piece, levels.domains)
+  inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
+  across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(policy, levels.domains))
+  native = cost.native_all_reduce(site.groups[0], nbytes, itemsize, topology)
+  route = Route("hierarchical", native, inside + across, nbytes // k)
+  return dataclasses.replace(route, note=f"levels={levels.domains}x{k}")
+
+
+def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:
+  site = cand.site
+  assert site.groups is not None
+  group = site.groups[0]
+  nbytes, itemsize = _operand_bytes(cand)
+  scheme = policy.scheme
+  wire = scheme.wire_bytes(cand.layout, site.kind)
+  ring = scheme.algorithm != "two_shot" and site.kind != "all_gather"
+  if site.kind == "all_reduce":
+    native = cost.native_all_reduce(group, nbytes, itemsize, topology)
+    steps = _steps(policy, len(group))
+  else:  # half an all-reduce's bytes and steps, of the whole tensor
+    whole_bytes = nbytes * len(group) if site.kind == "all_gather" else nbytes
+    whole = cost.native_all_reduce(group, whole_bytes, itemsize, topology)
+    native = cost.Traffic(
+      whole.fast / 2, whole.slow / 2, whole.fast_steps // 2, whole.slow_steps // 2
+    )
+    steps = max(1, _steps(policy, len(group)) // 2)
+  rewritten = cost.quantized_flat(group, wire, steps, topology, ring)
+  note = ""
+  if site.kind == "all_reduce" and policy.hierarchy == "auto" and not policy.calibration:
+    why = split_groups(site.groups, topology)
+    if isinstance(why, str) and why != "inside one fast domain":
+      note = f"flat: the group {why}"
+  return Route("flat", native, rewritten, nbytes, note)
+
+
+def _steps(policy: Policy, group_size: int) -> int:
+  """Collectives one site issues one after the other: the algorithm's steps, each twice
+  in the tiled form (codes and scales travel apart)."""
+  _, flat_why = policy.resolved()
+  return policy.scheme.algo.collective_steps(group_size) * (1 if flat_why else 2)
+
+
+ROUTES: list[Callable[[Candidate, Policy, Topology], Route | None]] = [
+  _identity,
+  _hierarchical,
+  _flat,
+]
+
+
+def route_of(cand: Candidate, policy: Policy, topology: Topology) -> Route:
+  for choose in ROUTES:
+    route = choose(cand, policy, topology)
+    if route is not None:
+      return route
+  raise AssertionError("the flat route always applies")
+
+
+def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
+  """The candidate with its route and prediction, or a Skip saying why the rewrite would
+  not pay; a Skip keeps its reason, with what the native all-reduce sends where that is
+  known (the report's bytes cover every site)."""
+  if not isinstance(decision, Candidate):
+    return _with_native_traffic(decision, topology)
+  route = route_of(decision, policy, topology)
+  group = decision.site.groups[0] if decision.site.groups else ()
+  sharing = max((len(p) for p in topology.split(group)), default=1)
+  prediction = cost.predict(route.native, route.rewritten, route.quantized_bytes, topology, sharing)
+  planned = dataclasses.replace(decision, route=route, prediction=prediction)
+  if route.name == "identity" or policy.force:
+    return planned
+  reason = _loses(route, prediction, topology)
+  return Skip(decision.site, reason, route=route, prediction=prediction) if reason else planned
+
+
+def _with_native_traffic(skip: Skip, topology: Topology) -> Skip:
+  site = skip.site
+  if skip.route is not None or site.kind != "all_reduce" or not site.groups:
+    return skip
+  if any(o.shape is None or o.dtype not in DTYPE_BYTES for o in site.operands):
+    return skip
+  itemsize = max(DTYPE_BYTES[o.dtype] for o in site.operands)
+  nbytes = sum(o.size * DTYPE_BYTES[o.dtype] for o in site.operands)
+  native = cost.native_all_reduce(site.groups[0], nbytes, itemsize, topology)
+  return dataclasses.replace(skip, route=Route("native", native, native, 0))
+
+
+def _loses(route: Route, prediction: cost.Prediction, topology: Topology) -> str | None:
+  """Why the rewrite would not pay, or None."""
+  before, after = route.native.total, route.rewritten.total
+  if after >= before:
+    return (
+      f"sends {after / before:.2f}x the native bytes (padding to whole blocks): left "
+      "native (--equarx_force rewrites it)"
+    )
+  if prediction.speedup > 1:
+    return None
+  link = topology.slow if route.native.slow else topology.fast
+  where = "fast links only" if not route.native.slow else "compute outweighs the bytes saved"
+  return (
+    f"{where}: rewrite predicted {prediction.speedup:.2f}x "
+    f"({link.name} {link.gbytes_per_s:g} GB/s); left native (--equarx_force rewrites it)"
+  )
+
+
+def schedule_levels(cand: Candidate, topology: Topology):
+  """(inner groups, outer schedule) of a hierarchical candidate."""
+  assert cand.site.groups is not None
+  levels = split_groups(cand.site.groups, topology)
+  assert not isinstance(levels, str)
+  return levels, make_schedule(levels.outer)
