@@ -17,7 +17,7 @@ SHARDED = NamedSharding(MESH, P("x"))
 REPLICATED = NamedSharding(MESH, P())
 # The int8 ring, compared with ring.reference_allreduce below.
 ON = (
-  "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=128 "
+  "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_block_size=128 "
   "--equarx_algorithm=ring --equarx_rotation=none"
 )
 
@@ -116,13 +116,13 @@ def test_disabled_is_plain_jax_jit():
 def test_env_flags_are_read_at_decoration(monkeypatch):
   monkeypatch.setenv(
     "EQUARX_FLAGS",
-    "--equarx_enable --equarx_min_bytes=0 --equarx_block_size=64 "
+    "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_block_size=64 "
     "--equarx_algorithm=ring --equarx_rotation=none",
   )
   w = equarx_pass.jit(PSUM)
   monkeypatch.setenv("EQUARX_FLAGS", "--noequarx_enable")  # too late for w
   assert w.policy == equarx_pass.Policy(
-    enable=True, min_bytes=0, block_size=64, algorithm="ring", rotation="none"
+    enable=True, min_bytes=0, force=True, block_size=64, algorithm="ring", rotation="none"
   )
   x = data()
   assert_bits_equal(w(x), expected(x, 64))
