@@ -96,7 +96,10 @@ def test_env_flags_then_command_line(mlp_mlir, tmp_path):
 
 BAD_INPUTS = {
   "empty.mlir": (b"", "empty input"),
-  "junk.bin": (bytes(range(256)) * 4, "neither MLIR bytecode nor UTF-8"),
+  "junk.bin": (
+    bytes(range(256)) * 4,
+    "neither MLIR bytecode, a jax.export artifact nor UTF-8 text",
+  ),
   "garbled.mlir": (
     b"module {\n  func.func @f() {\n    %0 = stablehlo.bogus\n  }\n}\n",
     "garbled.mlir:3:",
