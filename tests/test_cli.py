@@ -221,4 +221,5 @@ def test_help_lists_this_commands_flags(flag):
   assert proc.stdout.startswith("equarx-opt: rewrite the all-reduces")
   assert "--equarx_identity" in proc.stdout and "--report" in proc.stdout
   assert "on here; --noequarx_enable" in proc.stdout
-  assert "--equarx_partitioned" not in proc.stdout
+  assert "--output_format=F" in proc.stdout
+  assert "--equarx_partitioned=VALUE\n      jax.export artifacts:" in proc.stdout
