@@ -162,3 +162,51 @@ def lowered_with_extra_outputs(lowered, module: ir.Module, extra_shapes):
     in_types=lowered._in_types,
     out_types=None,
   )
+
+
+def stablehlo_to_hlo_text(module: ir.Module) -> str:
+  """XLA's HLO text of a StableHLO module, every constant written out in full.
+
+  Private: jaxlib._jax.mlir.mlir_module_to_xla_computation (what Lowered.as_text(
+  dialect="hlo") calls; jax.extend.mlir has only the HLO -> StableHLO direction) and
+  XlaComputation.as_hlo_text.  Shardy's shardings and meshes become the frontend
+  attributes and custom calls that XLA's own dumps carry.  Raises on a module XLA
+  cannot translate.
+  """
+  import io
+
+  from jaxlib import _jax
+
+  buffer = io.BytesIO()
+  module.operation.write_bytecode(buffer)
+  computation = _jax.mlir.mlir_module_to_xla_computation(
+    buffer.getvalue(), use_tuple_args=False, return_tuple=False
+  )
+  return computation.as_hlo_text(print_large_constants=True)
+
+
+def exported_with_module(exported, module_serialized: bytes, vjp=None):
+  """A copy of a jax.export.Exported with another module (a portable artifact), and
+  with `vjp` (an Exported) as its VJP where given; every other field the same.
+
+  Private: the dataclass field `_get_vjp` (the public `vjp()` only reads it).
+  """
+  import dataclasses
+
+  changes: dict = {"mlir_module_serialized": module_serialized}
+  if vjp is not None:
+    changes["_get_vjp"] = lambda _: vjp
+  return dataclasses.replace(exported, **changes)
+
+
+def exported_named_shardings(exported) -> tuple[tuple, tuple] | None:
+  """(input, output) NamedShardings of a jax.export.Exported, over its abstract mesh,
+  None where unspecified; None for artifacts written before JAX kept them (HloShardings
+  only).
+
+  Private: the fields `_has_named_shardings`, `_in_named_shardings` and
+  `_out_named_shardings`; the public in_shardings_jax(mesh) needs the mesh first.
+  """
+  if not exported._has_named_shardings:
+    return None
+  return tuple(exported._in_named_shardings), tuple(exported._out_named_shardings)

@@ -1,4 +1,5 @@
-"""parse: StableHLO (MLIR text, MLIR bytecode, portable artifact) or XLA HLO text -> ir.Module.
+"""parse: StableHLO (MLIR text, MLIR bytecode, portable artifact), a serialized
+jax.export.Exported, or XLA HLO text -> ir.Module.
 
 The first stage of parse -> match -> rewrite -> verify -> compile.  Every failure
 is a ParseError naming the file and, where the parser says, the line and column.
@@ -68,8 +69,11 @@ _ALIAS_TOKENS = re.compile(
 @dataclasses.dataclass
 class ParsedModule:
   module: ir.Module
-  kind: str  # "stablehlo-text", "stablehlo-bytecode", "portable-artifact" or "hlo-text"
+  # "stablehlo-text", "stablehlo-bytecode", "portable-artifact", "jax-exported" or "hlo-text"
+  kind: str
   path: str
+  # For "jax-exported": the jax.export.Exported read; `module` is its function's module.
+  exported: Any = None
 
 
 def parse_file(path: str, context: ir.Context | None = None) -> ParsedModule:
@@ -96,9 +100,15 @@ def parse_bytes(
   try:
     text = data.decode("utf-8")
   except UnicodeDecodeError as e:
+    if MLIR_BYTECODE_MAGIC in data:
+      exported = read_exported(data, path)
+      module = parse_exported_module(exported, path, context)
+      return ParsedModule(module, "jax-exported", path, exported)
     line = data[: e.start].count(b"\n") + 1
     raise ParseError(
-      "binary data that is neither MLIR bytecode nor UTF-8 text", path, line
+      "binary data that is neither MLIR bytecode, a jax.export artifact nor UTF-8 text",
+      path,
+      line,
     ) from None
   if "\x00" in text:
     raise ParseError("text contains NUL bytes", path, text[: text.index("\x00")].count("\n") + 1)
@@ -107,6 +117,37 @@ def parse_bytes(
     return ParsedModule(_parse_hlo_text(text, path, context), "hlo-text", path)
   _check_aliases(text, path)
   return ParsedModule(_parse_mlir(text, path, context), "stablehlo-text", path)
+
+
+def read_exported(data: bytes, path: str):
+  """A serialized jax.export.Exported (`Exported.serialize()`, a flatbuffer that holds the
+  module as MLIR bytecode, which makes it binary, never UTF-8 text).
+
+  Its reader is JAX's own, in Python: a corrupted artifact raises, it cannot crash the
+  process; the module inside is then parsed like any other bytecode (in the helper).
+  """
+  from jax import export as jax_export
+
+  try:
+    return jax_export.deserialize(bytearray(data))
+  except ImportError as e:  # JAX's reader needs the flatbuffers package
+    raise ParseError(f"cannot read a jax.export artifact here: {e}", path) from None
+  except Exception as e:  # flatbuffers raises what a bad offset leads it to
+    what = f"{type(e).__name__}: {e}".splitlines()[0][:200]
+    raise ParseError(
+      "binary data that holds MLIR bytecode but is no jax.export artifact "
+      f"(Exported.serialize()) that JAX can read ({what})",
+      path,
+    ) from None
+
+
+def parse_exported_module(exported, path: str, context: ir.Context | None = None) -> ir.Module:
+  """The module of a jax.export.Exported: a portable artifact, parsed as bytecode (in the
+  helper) with every check of any other module."""
+  data = exported.mlir_module_serialized
+  if not data.startswith(MLIR_BYTECODE_MAGIC):
+    raise ParseError("a jax.export artifact whose module is not MLIR bytecode: corrupted", path)
+  return parse_bytes(data, path, context).module
 
 
 def _check_nesting(text: str, path: str) -> None:

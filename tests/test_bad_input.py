@@ -91,7 +91,12 @@ def alias_chain(n: int, body: str) -> str:
 PARSE_CASES = {
   "empty": (b"", "empty input", None, None),
   "blank": (b"  \n\t\n", "empty input", None, None),
-  "junk": (bytes(range(256)) * 4, "neither MLIR bytecode nor UTF-8", 2, None),
+  "junk": (
+    bytes(range(256)) * 4,
+    "neither MLIR bytecode, a jax.export artifact nor UTF-8 text",
+    2,
+    None,
+  ),
   "nul": (b"module {\n}\x00\n", "NUL bytes", 2, None),
   "truncated_mlir": (MLP[: MLP.index(b"stablehlo.all_reduce") + 10], "MLIR parse error", 31, 24),
   "garbled_mlir": (
@@ -267,6 +272,33 @@ def test_portable_artifact_and_its_truncations():
   for n in (10, len(artifact) // 3, len(artifact) - 3):
     with pytest.raises(ParseError, match="a.bin"):
       parse.parse_bytes(artifact[:n], "a.bin")
+
+
+def test_exported_artifact_and_its_corruptions():
+  """A serialized jax.export.Exported parses to its module; truncated or with bytes
+  changed, it is a ParseError or (a change in a name, say) still an artifact, never
+  another exception."""
+  import jax
+  import numpy as np
+  from jax.sharding import PartitionSpec as P
+
+  mesh = jax.make_mesh((8,), ("tp",), (jax.sharding.AxisType.Auto,))
+  f = jax.shard_map(lambda x: jax.lax.psum(x, "tp"), mesh=mesh, in_specs=P("tp"), out_specs=P())
+  x = jax.ShapeDtypeStruct((8, 256), np.float32)
+  good = bytes(jax.export.export(jax.jit(f))(x).serialize(vjp_order=1))
+  parsed = parse.parse_bytes(good, "f.exported")
+  assert parsed.kind == "jax-exported" and parsed.exported.nr_devices == 8
+  assert "stablehlo.all_reduce" in str(parsed.module)
+  bad = [good[:n] for n in (8, 64, len(good) // 2, len(good) - 1)]
+  bad += [good[:n] + bytes([good[n] ^ 0xFF]) + good[n + 1 :] for n in range(0, len(good), 61)]
+  outcomes = set()
+  for i, data in enumerate(bad):
+    try:
+      outcomes.add(parse.parse_bytes(data, f"bad{i}.exported").kind)
+    except ParseError as e:
+      assert e.path == f"bad{i}.exported"
+      outcomes.add("ParseError")
+  assert "ParseError" in outcomes
 
 
 # --- inputs that crashed the C++ parsers: in a child process ---------------------

@@ -70,7 +70,9 @@ def test_rewrites_and_reports(mlp_mlir, tmp_path):
 
 
 def test_stdout_when_no_output(mlp_mlir):
-  proc = equarx_opt(mlp_mlir, "--equarx_block_size=256", "--equarx_algorithm=ring", SMALL)
+  proc = equarx_opt(
+    mlp_mlir, "--equarx_block_size=256", "--equarx_algorithm=ring", "--equarx_force", SMALL
+  )
   assert proc.returncode == 0, proc.stderr
   assert proc.stdout.startswith("module @jit_mlp")
   assert "collective_permute" in proc.stdout
@@ -96,7 +98,10 @@ def test_env_flags_then_command_line(mlp_mlir, tmp_path):
 
 BAD_INPUTS = {
   "empty.mlir": (b"", "empty input"),
-  "junk.bin": (bytes(range(256)) * 4, "neither MLIR bytecode nor UTF-8"),
+  "junk.bin": (
+    bytes(range(256)) * 4,
+    "neither MLIR bytecode, a jax.export artifact nor UTF-8 text",
+  ),
   "garbled.mlir": (
     b"module {\n  func.func @f() {\n    %0 = stablehlo.bogus\n  }\n}\n",
     "garbled.mlir:3:",
@@ -218,4 +223,5 @@ def test_help_lists_this_commands_flags(flag):
   assert proc.stdout.startswith("equarx-opt: rewrite the all-reduces")
   assert "--equarx_identity" in proc.stdout and "--report" in proc.stdout
   assert "on here; --noequarx_enable" in proc.stdout
-  assert "--equarx_partitioned" not in proc.stdout
+  assert "--output_format=F" in proc.stdout
+  assert "--equarx_partitioned=VALUE\n      jax.export artifacts:" in proc.stdout
