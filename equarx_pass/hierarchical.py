@@ -165,3 +165,171 @@ def emit(
   piece = cross(piece)
   whole = all_gather(em, piece, levels.inner, device_kind, channels)
   return em.unflatten_like(whole, types)
+
+
+# --- reduce-scatters and all-gathers (--equarx_ops) -----------------------------------
+#
+# Rank r of a group sits at position j of domain D.  A reduce-scatter gives rank r piece
+# r of the sum: each domain reduce-scatters natively a reordered operand whose k parts are,
+# for j = 0 .. k-1, the S pieces of the ranks at position j (domain order), and the S
+# members at position j then reduce-scatter that part quantized, among themselves: the
+# member in domain D gets the piece of rank (D, j), its own.  An all-gather runs the other
+# way: the quantized all-gather among the S members at position j, then the native one
+# inside each domain, then the pieces back in rank order.
+
+
+def piece_order(groups: Sequence[Sequence[int]], levels: Levels) -> tuple[int, ...] | str:
+  """The ranks in (position j, domain D) order, the same for every group, or why not."""
+  orders = set()
+  k, domains = levels.per_domain, levels.domains
+  inner = iter(levels.inner)
+  for group in groups:
+    parts = [next(inner) for _ in range(domains)]
+    rank = {device: r for r, device in enumerate(group)}
+    orders.add(tuple(rank[parts[d][j]] for j in range(k) for d in range(domains)))
+  if len(orders) != 1:
+    return "its groups order their ranks differently across domains"
+  return orders.pop()
+
+
+def _reorder_rows(em: Emitter, x: ir.Value, order: Sequence[int]) -> ir.Value:
+  """x's rows (dimension 0, len(order) equal parts) in `order`: rows[order[i]] at i."""
+  shape = shape_of(x)
+  n = len(order)
+  if list(order) == list(range(n)):
+    return x
+  part = shape[0] // n
+  rows = [
+    em.slice(x, (o * part,) + (0,) * (len(shape) - 1), ((o + 1) * part,) + shape[1:]) for o in order
+  ]
+  return em.concat(rows, 0)
+
+
+def _moved(x: ir.Value, dimension: int) -> ir.Value:
+  if not dimension:
+    return x
+  rank = len(shape_of(x))
+  order = [dimension] + [i for i in range(rank) if i != dimension]
+  return hlo.TransposeOp(x, order).result
+
+
+def _moved_back(x: ir.Value, dimension: int) -> ir.Value:
+  if not dimension:
+    return x
+  rank = len(shape_of(x))
+  order = [dimension] + [i for i in range(rank) if i != dimension]
+  back = [order.index(i) for i in range(rank)]
+  return hlo.TransposeOp(x, back).result
+
+
+def emit_reduce_scatter(
+  operand: ir.Value,
+  levels: Levels,
+  order: Sequence[int],
+  dimension: int,
+  result_type: ir.RankedTensorType,
+  device_kind: DeviceKind,
+  channels: ChannelAllocator,
+  cross: Callable[[ir.Value, ir.RankedTensorType], ir.Value],
+) -> list[ir.Value]:
+  """The hierarchical reduce-scatter of `operand` along `dimension`.  `cross(part, type)`
+  emits the quantized reduce-scatter of a member's part (its S pieces along dimension 0)
+  among `levels.outer`, returning the piece of `type`."""
+  em = Emitter()
+  k, domains = levels.per_domain, levels.domains
+  x = _reorder_rows(em, _moved(operand, dimension), order)
+  shape = shape_of(x)
+  flat = em.reshape(x, (int(np.prod(shape, dtype=np.int64)),))
+  part = reduce_scatter(em, flat, levels.inner, device_kind, channels)
+  piece_shape = (shape[0] // (k * domains),) + shape[1:]
+  part = em.reshape(part, (domains * piece_shape[0],) + shape[1:])
+  element = ir.RankedTensorType(operand.type).element_type
+  piece = cross(part, tensor(piece_shape, element))
+  return [em.convert(_moved_back(piece, dimension), result_type.element_type)]
+
+
+def emit_all_gather(
+  operand: ir.Value,
+  levels: Levels,
+  order: Sequence[int],
+  dimension: int,
+  result_type: ir.RankedTensorType,
+  device_kind: DeviceKind,
+  channels: ChannelAllocator,
+  cross: Callable[[ir.Value, ir.RankedTensorType], ir.Value],
+) -> list[ir.Value]:
+  """The hierarchical all-gather of `operand` along `dimension`.  `cross(piece, type)`
+  emits the quantized all-gather of a member's piece among `levels.outer`, returning the
+  S pieces along dimension 0, of `type`."""
+  em = Emitter()
+  k, domains = levels.per_domain, levels.domains
+  piece = _moved(operand, dimension)
+  shape = shape_of(piece)
+  element = ir.RankedTensorType(operand.type).element_type
+  part = cross(piece, tensor((domains * shape[0],) + shape[1:], element))
+  flat = em.reshape(part, (int(np.prod(shape_of(part), dtype=np.int64)),))
+  whole = all_gather(em, flat, levels.inner, device_kind, channels)
+  whole = em.reshape(whole, (k * domains * shape[0],) + shape[1:])
+  # Rows in (j, D) order -> rank order: row i holds rank order[i]'s piece.
+  inverse = [list(order).index(r) for r in range(len(order))]
+  whole = _reorder_rows(em, whole, inverse)
+  return [em.convert(_moved_back(whole, dimension), result_type.element_type)]
+
+
+def reduce_scatter_reference(
+  inputs: Sequence[np.ndarray],
+  domains: Sequence[int],
+  scheme: Scheme,
+  dimension: int = 0,
+) -> list[np.ndarray]:
+  """Per-rank results of the hierarchical reduce-scatter for one group (ranks in group
+  order, domains[r] the fast domain of rank r): rank r gets piece r of the sum."""
+  from equarx_pass import scheme as scheme_lib
+
+  n = len(inputs)
+  members: dict[int, list[int]] = {}
+  for r, d in enumerate(domains):
+    members.setdefault(d, []).append(r)
+  parts = list(members.values())
+  k, s = len(parts[0]), len(parts)
+  dtype = np.asarray(inputs[0]).dtype
+  moved = [np.moveaxis(np.asarray(v), dimension, 0) for v in inputs]
+  p = moved[0].shape[0] // n
+  pieces = [[v[r * p : (r + 1) * p] for r in range(n)] for v in moved]  # [member][rank]
+  out: list[np.ndarray] = [np.empty(0)] * n
+  for j in range(k):
+    # Domain D's member j holds the domain's sum of the pieces of ranks (0..S-1, j).
+    held = []
+    for members_of_d in parts:
+      sums = [domain_sum([pieces[m][parts[dd][j]] for m in members_of_d], dtype) for dd in range(s)]
+      held.append(np.concatenate(sums, axis=0))
+    results = scheme_lib.reduce_scatter_reference(held, scheme, 0, dtype)
+    for d in range(s):
+      out[parts[d][j]] = np.moveaxis(results[d], 0, dimension)
+  return out
+
+
+def all_gather_reference(
+  inputs: Sequence[np.ndarray],
+  domains: Sequence[int],
+  scheme: Scheme,
+  dimension: int = 0,
+) -> np.ndarray:
+  """The hierarchical all-gather's result (the same on every rank) for one group."""
+  from equarx_pass import scheme as scheme_lib
+
+  members: dict[int, list[int]] = {}
+  for r, d in enumerate(domains):
+    members.setdefault(d, []).append(r)
+  parts = list(members.values())
+  k, s = len(parts[0]), len(parts)
+  dtype = np.asarray(inputs[0]).dtype
+  moved = [np.moveaxis(np.asarray(v), dimension, 0) for v in inputs]
+  rows: list[np.ndarray] = [np.empty(0)] * len(inputs)
+  for j in range(k):
+    peers = [parts[d][j] for d in range(s)]
+    gathered = scheme_lib.all_gather_reference([moved[r] for r in peers], scheme, 0, dtype)
+    p = moved[0].shape[0]
+    for d, r in enumerate(peers):
+      rows[r] = gathered[d * p : (d + 1) * p]
+  return np.moveaxis(np.concatenate(rows, axis=0), 0, dimension)

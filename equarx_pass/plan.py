@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from equarx_pass import cost
+from equarx_pass import cost, hierarchical
 from equarx_pass.layout import make_schedule
 from equarx_pass.match import Candidate, Decision, Skip
 from equarx_pass.policy import DTYPE_BYTES, Policy
@@ -56,24 +56,38 @@ def _identity(cand: Candidate, policy: Policy, topology: Topology) -> Route | No
 
 def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route | None:
   site = cand.site
-  if site.kind != "all_reduce" or cand.slice_op is not None or policy.hierarchy == "flat":
-    return None
-  if policy.calibration:
-    return None  # the calibrated scheme's scales are per device: it stays flat
+  if policy.hierarchy == "flat" or policy.calibration:
+    return None  # (the calibrated scheme's scales are per device: it stays flat)
   assert site.groups is not None
   levels = split_groups(site.groups, topology)
   if isinstance(levels, str) or levels.per_domain < 2:
     return None
   nbytes, itemsize = _operand_bytes(cand)
   scheme = policy.scheme
-  k = levels.per_domain
-  piece = -(-sum(o.size for o in site.operands) // k)
-  layout = scheme.layout(piece, levels.domains)
-  inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
-  across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(policy, levels.domains))
-  native = cost.native_all_reduce(site.groups[0], nbytes, itemsize, topology)
-  route = Route("hierarchical", native, inside + across, nbytes // k)
-  return dataclasses.replace(route, note=f"levels={levels.domains}x{k}")
+  k, s = levels.per_domain, levels.domains
+  values = sum(o.size for o in site.operands)
+  note = f"levels={s}x{k}"
+  if site.kind == "all_reduce" and cand.slice_op is None:
+    layout = scheme.layout(-(-values // k), s)
+    inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
+    across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(policy, s))
+    native = cost.native_all_reduce(site.groups[0], nbytes, itemsize, topology)
+    return Route("hierarchical", native, inside + across, nbytes // k, note)
+  if isinstance(hierarchical.piece_order(site.groups, levels), str):
+    return None
+  # Half of an all-reduce inside (a native reduce-scatter or all-gather of the whole
+  # tensor) and a quantized reduce-scatter or all-gather of a 1/k part across.
+  whole = nbytes * site.group_size if site.kind == "all_gather" else nbytes
+  whole_values = values * site.group_size if site.kind == "all_gather" else values
+  layout = scheme.layout(whole_values // k, s)
+  half = cost.native_inside(k, whole, itemsize, topology.platform)
+  inside = cost.Traffic(fast=half.fast / 2, fast_steps=1)
+  across = cost.Traffic(
+    slow=scheme.wire_bytes(layout, site.kind), slow_steps=max(1, _steps(policy, s) // 2)
+  )
+  full = cost.native_all_reduce(site.groups[0], whole, itemsize, topology)
+  native = cost.Traffic(full.fast / 2, full.slow / 2, full.fast_steps // 2, full.slow_steps // 2)
+  return Route("hierarchical", native, inside + across, whole // k, note)
 
 
 def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:

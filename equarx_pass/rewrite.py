@@ -284,7 +284,37 @@ def _replace(
   )
   site = cand.site
   emit: Callable[[list[ir.Value]], list[ir.Value]]
-  if cand.route is not None and cand.route.name == "hierarchical":
+  if cand.route is not None and cand.route.name == "hierarchical" and site.kind != "all_reduce":
+    levels, outer = plan.schedule_levels(cand, topology)
+    assert site.groups is not None
+    order = hierarchical.piece_order(site.groups, levels)
+    assert not isinstance(order, str)  # the plan checked it
+    result_type = ir.RankedTensorType((cand.slice_op or cand.op).results[0].type)
+    gather = site.kind == "all_gather"
+
+    def cross_pieces(part: ir.Value, piece_type: ir.RankedTensorType) -> ir.Value:
+      size = int(np.prod(ir.RankedTensorType(part.type).shape, dtype=np.int64))
+      layout = scheme.layout(size * levels.domains if gather else size, levels.domains)
+      plan_ = site_plan(layout, outer)
+      if gather:
+        return emit_all_gather(part, plan_, channels, Pieces(0, 1, piece_type))[0]
+      return scheme.algo.emit_pieces(part, plan_, channels, Pieces(0, levels.domains, piece_type))[
+        0
+      ]
+
+    levels_emitter = hierarchical.emit_all_gather if gather else hierarchical.emit_reduce_scatter
+    emit = lambda operands: levels_emitter(  # noqa: E731
+      operands[0],
+      levels,
+      order,
+      site.dimension,
+      result_type,
+      site.device_kind,
+      channels,
+      cross_pieces,
+    )
+    what = f"the hierarchical {site.kind}"
+  elif cand.route is not None and cand.route.name == "hierarchical":
     levels, outer = plan.schedule_levels(cand, topology)
 
     def cross(piece: ir.Value) -> ir.Value:
