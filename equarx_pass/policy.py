@@ -137,8 +137,10 @@ class Policy:
         f"--equarx_dtypes takes a comma list of {','.join(DTYPES)}, got {self.dtypes}"
       )
     for flag, value, choices in (
-      ("format", self.format, FORMATS),
-      ("algorithm", self.algorithm, ALGORITHMS),
+      # The registries as they are now: a format or algorithm registered after import
+      # (formats.register, algorithms.register) is a valid choice.
+      ("format", self.format, tuple(FORMAT_REGISTRY)),
+      ("algorithm", self.algorithm, tuple(ALGORITHM_REGISTRY)),
       ("rotation", self.rotation, ROTATIONS),
       ("rounding", self.rounding, ROUNDINGS),
       ("block_layout", self.block_layout, BLOCK_LAYOUTS),

@@ -155,3 +155,32 @@ def test_mxint8_scales_are_powers_of_two_that_fit_the_absmax(exponent, mantissa,
 def test_mxint8_travels_one_byte_per_32_values():
   assert MXINT8.block == 32 and MXINT8.payload_bytes(1024, 32) == 1024 + 32
   assert 8 * MXINT8.payload_bytes(1024, 32) / 1024 == 8.25
+
+
+def test_a_format_registered_after_import_is_a_choice():
+  """The registries stay open: a format registered by a user after import is accepted by
+  the flags and emitted like the built-in ones (here a copy of int8 under a new name)."""
+  import equarx_pass
+  from equarx_pass import formats
+  from equarx_pass import scheme as scheme_lib
+
+  mine = dataclasses.replace(formats.INT8, name="int8_mine")
+  formats.register(mine)
+  try:
+    flags = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_format=int8_mine"
+    policy = equarx_pass.Policy.from_flags(flags)
+    assert policy.scheme.fmt.name == "int8_mine"
+    mesh = jax.make_mesh((8,), ("x",))
+    fn = jax.shard_map(
+      lambda v: jax.lax.psum(v, "x"),
+      mesh=mesh,
+      in_specs=jax.sharding.PartitionSpec("x"),
+      out_specs=jax.sharding.PartitionSpec("x"),
+    )
+    x = np.random.default_rng(0).standard_normal((8, 1000)).astype(np.float32)
+    sharded = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
+    got = np.asarray(equarx_pass.jit(fn, flags=flags)(sharded))
+    want = scheme_lib.reference(list(x), policy.scheme)
+    np.testing.assert_array_equal(got[0], want[0])
+  finally:
+    del formats.FORMATS["int8_mine"]
