@@ -247,14 +247,18 @@ def rewrite_module(
 def default_topology(
   facts: match.ModuleFacts, policy: Policy, platform: str
 ) -> topology_lib.Topology:
-  """The topology the flags give for the module's devices (one host per device without
-  --equarx_domain_devices / --equarx_domains)."""
+  """The topology the flags give for the module's devices: --equarx_domain_devices or
+  --equarx_domains; else one TPU slice for --equarx_compile_for=tpu:TOPOLOGY (a named
+  topology is one slice), else one host per device."""
+  domains = policy.domains
+  if not domains and not policy.domain_devices and policy.compile_for.startswith("tpu:"):
+    domains = 1
   try:
     return topology_lib.from_size(
       facts.num_partitions * facts.num_replicas,
       platform,
       policy.domain_devices,
-      policy.domains,
+      domains,
       policy.fast_link_bandwidth,
       policy.slow_link_bandwidth,
     )

@@ -158,7 +158,7 @@ def from_size(
     if num_devices % num_domains:
       raise ValueError(f"{num_devices} devices do not split into {num_domains} equal domains")
     domain_devices = num_devices // num_domains
-    source = f"--equarx_domains={num_domains}"
+    source = f"--equarx_domains={num_domains}" if num_domains > 1 else "one TPU slice"
   elif domain_devices:
     source = f"--equarx_domain_devices={domain_devices}"
   else:

@@ -34,7 +34,8 @@ def rewrite(name: str, flags: str = "--equarx_enable" + RING):
 def test_v5e_compiles_the_rewritten_4_device_mlp():
   # Through the policy, as `equarx-opt --equarx_compile_for` does it.
   result = rewrite(
-    "tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2" + RING
+    "tp_mlp_4dev_f32.mlir",
+    "--equarx_enable --equarx_force --equarx_compile_for=tpu:v5e:2x2" + RING,
   )
   tpu = result.tpu
   assert tpu.target == "tpu:v5e:2x2" and tpu.num_devices == 4
@@ -85,7 +86,9 @@ def test_wrong_device_count_is_a_compile_error():
 def test_default_scheme_compiles_for_v5e():
   """The default two-shot scheme, tiled (what a TPU gets): its all-to-all and all-gather
   move s8 data on TPU, the f32 scales (eight to a row) their own; no all-reduce left."""
-  result = rewrite("tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2")
+  result = rewrite(
+    "tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_force --equarx_compile_for=tpu:v5e:2x2"
+  )
   tpu = result.tpu
   assert [r.decision for r in result.records] == ["rewritten"]
   assert result.records[0].reason.endswith("tiled form")
@@ -118,3 +121,12 @@ def test_multislice_report_bytes_are_what_the_program_sends():
   assert "sends 1.29x the native bytes across domains" in flat["reason"]
   inside = got["ici:default"]
   assert inside["decision"] == "skipped" and inside["reason"].startswith("fast links only")
+
+
+def test_one_slice_is_fast_links_only():
+  """A file compiled for a named TPU topology (one slice, ICI only): the cost model leaves
+  the all-reduce native, and the module compiles as it was."""
+  result = rewrite("tp_mlp_4dev_f32.mlir", "--equarx_enable --equarx_compile_for=tpu:v5e:2x2")
+  [record] = result.records
+  assert record.decision == "skipped" and record.reason.startswith("fast links only")
+  assert result.topology.source == "one TPU slice" and result.tpu.all_reduces >= 1

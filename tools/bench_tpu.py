@@ -206,7 +206,7 @@ def main() -> int:
             native_ring_bytes=native_ring,
           )
           if scheme:
-            policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0")
+            policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0 --equarx_force")
             result = equarx_pass.rewrite_module(
               module, policy.replace(platform="tpu", form=args.form)
             )
