@@ -74,31 +74,31 @@ def native_all_reduce(
 ) -> Traffic:
   """The native all-reduce of `nbytes` per device over `group`.
 
-  Inside one domain: a ring, 2(N-1)/N of the bytes on fast links.  Across S domains of k:
-  on TPU and GPU the bandwidth-optimal hierarchical form (XLA across TPU slices, NCCL
-  across hosts): 2(k-1)/k of the bytes inside, 2(S-1)/S of a 1/k piece across.  On CPU,
-  XLA's collectives across processes (gloo) are one flat ring over the devices: each
-  host's link carries 2(N-1)/N of one device's bytes, widened to f32, per k devices.
+  Inside one domain: 2(N-1)/N of the bytes on fast links, in one collective (TPU, GPU
+  and an XLA:CPU process run it as one operation).  Across S domains of k: on TPU and
+  GPU the bandwidth-optimal hierarchical form (XLA across TPU slices, NCCL across hosts):
+  2(k-1)/k of the bytes inside, 2(S-1)/S of a 1/k piece across, three collectives.  On
+  CPU, XLA's collectives across processes (gloo) are one flat ring over the devices, a
+  network step each: each host's link carries 2(N-1)/N of one device's bytes, widened to
+  f32, per k devices.
   """
   n = len(group)
   domains, k = _split(group, topology)
   wire = nbytes * wire_itemsize(dtype_bytes, topology.platform) // max(dtype_bytes, 1)
   if domains == 1:
-    # Inside one CPU process an all-reduce is one rendezvous, not a ring of steps.
-    steps = 1 if topology.platform == "cpu" else 2 * (n - 1)
-    return Traffic(fast=2 * (n - 1) / n * wire, fast_steps=steps)
+    return Traffic(fast=2 * (n - 1) / n * wire, fast_steps=1)
   if topology.platform == "cpu":
     return Traffic(
       fast=2 * (n - 1) / n * wire * (k - 1) / k,
       slow=2 * (n - 1) / n * wire / k,
-      fast_steps=2 * (n - 1),
+      fast_steps=0,
       slow_steps=2 * (n - 1),
     )
   return Traffic(
     fast=2 * (k - 1) / k * wire,
     slow=2 * (domains - 1) / domains * wire / k,
-    fast_steps=2 * (k - 1),
-    slow_steps=2 * (domains - 1),
+    fast_steps=2 if k > 1 else 0,
+    slow_steps=1,
   )
 
 

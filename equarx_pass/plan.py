@@ -118,10 +118,9 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:
 
 
 def _steps(policy: Policy, group_size: int) -> int:
-  """Collectives one site issues one after the other: the algorithm's steps, each twice
-  in the tiled form (codes and scales travel apart)."""
-  _, flat_why = policy.resolved()
-  return policy.scheme.algo.collective_steps(group_size) * (1 if flat_why else 2)
+  """Collective steps one site takes one after the other: the algorithm's (the tiled
+  form's codes and scales travel side by side, in flight together)."""
+  return policy.scheme.algo.collective_steps(group_size)
 
 
 ROUTES: list[Callable[[Candidate, Policy, Topology], Route | None]] = [

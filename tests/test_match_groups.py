@@ -79,7 +79,7 @@ def test_rewrite_permutes_stay_inside_groups(name, attrs, groups):
   module = _parse(attrs)
   # The loop form (GPU, TPU): one permute per ring half.
   ring = equarx_pass.Policy(
-    enable=True, algorithm="ring", rotation="none", form="flat", platform="tpu"
+    enable=True, force=True, algorithm="ring", rotation="none", form="flat", platform="tpu"
   )
   result = equarx_pass.rewrite_module(module, ring)
   assert [r.decision for r in result.records] == ["rewritten"]

@@ -33,10 +33,10 @@ FIXTURE_FILES = sorted(n for n in os.listdir(FIXTURES) if n.endswith((".mlir", "
 # own below, and tests/test_tiled_form.py the tiled forms.
 # The loop form of the flat ring (what TPU and GPU programs get; on CPU its steps are
 # written out, test_cpu_sites_keep_their_collectives_in_the_caller).
-RING = "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none --equarx_form=flat --equarx_platform=tpu"
+RING = "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none --equarx_form=flat --equarx_platform=tpu --equarx_force"
 EVERYTHING = RING + " --equarx_min_bytes=0"
 # The same flat ring for XLA:CPU, where no loop may hold a collective.
-RING_CPU = "--equarx_algorithm=ring --equarx_rotation=none --equarx_form=flat --equarx_platform=cpu"
+RING_CPU = "--equarx_algorithm=ring --equarx_rotation=none --equarx_form=flat --equarx_platform=cpu --equarx_force"
 
 
 def read_fixture(name: str) -> str:

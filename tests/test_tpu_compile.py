@@ -24,7 +24,7 @@ def read_fixture(name: str) -> str:
 
 pytestmark = pytest.mark.libtpu  # skipped without libtpu (pip install 'equarx-pass[tpu]')
 
-RING = " --equarx_algorithm=ring --equarx_rotation=none"
+RING = " --equarx_force --equarx_algorithm=ring --equarx_rotation=none"
 
 
 def rewrite(name: str, flags: str = "--equarx_enable" + RING):
