@@ -277,3 +277,18 @@ def row(em: Emitter, x: ir.Value, j: int) -> ir.Value:
   shape = shape_of(x)
   start = (j,) + (0,) * (len(shape) - 1)
   return em.reshape(em.slice(x, start, (j + 1,) + shape[1:]), shape[1:])
+
+
+def dynamic_row(em: Emitter, x: ir.Value, j: ir.Value) -> ir.Value:
+  """x[j] for a traced i32 scalar j, the leading dimension dropped."""
+  shape = shape_of(x)
+  zero = em.i32_scalar(0)
+  piece = em.dynamic_slice(x, [j] + [zero] * (len(shape) - 1), (1, *shape[1:]))
+  return em.reshape(piece, shape[1:])
+
+
+# From this many group members on, the steps that repeat once per member (the two-shot's
+# sum, the ring's reduce-scatter) are a loop, not written out: the emitted program, and
+# the compile, then stay the same size whatever the group (at 256 chips, written out,
+# one site compiled for a TPU in 34 s).
+LOOP_FROM_MEMBERS = 16

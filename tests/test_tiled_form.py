@@ -169,3 +169,27 @@ def test_tiled_equals_model_subgroups_bf16(block, algorithm, inputs):
     model = scheme_lib.reference([x[r : r + 1] for r in ranks], fn.policy.scheme)
     for i, r in enumerate(ranks):
       np.testing.assert_array_equal(out[r], model[i][0], err_msg=f"rank {r}")
+
+
+@pytest.mark.parametrize(
+  "flags",
+  [
+    "--equarx_rotation=none",
+    "--equarx_algorithm=ring --equarx_rotation=none",
+    "",  # the default, its forward rotation a matmul (TPU's)
+  ],
+)
+def test_large_groups_loop_with_the_same_bits(monkeypatch, inputs, flags):
+  """From LOOP_FROM_MEMBERS members on, the steps that repeat per member are a loop
+  (the emitted size stays the same whatever the group); lowered here to 4 so that the 8
+  CPU devices run the loop form: the model's bits, as written out."""
+  from equarx_pass.algorithms import ring, two_shot
+
+  written = _run(flags, inputs)[1]
+  monkeypatch.setattr(two_shot, "LOOP_FROM_MEMBERS", 4)
+  monkeypatch.setattr(ring, "LOOP_FROM_MEMBERS", 4)
+  mesh = Mesh(np.array(jax.devices()), ("tp",))
+  fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=TILED + flags)
+  looped = np.asarray(fn(inputs))
+  assert "stablehlo.while" in fn.lower(inputs).as_text()
+  np.testing.assert_array_equal(looped, written)

@@ -216,6 +216,8 @@ def main() -> int:
             mod = module
           # The native all-reduce in its own dtype, as a ring would send it.
           row["wire_bytes"] = wire_bytes.count_module(mod, n).bytes
+          # The size of what the pass emits (the module as text), which a compile follows.
+          row["module_bytes"] = len(str(mod))
           try:
             tc = tpu_aot.compile_for_target(str(mod), target)
           except Exception as e:
@@ -265,6 +267,7 @@ def main() -> int:
     "x native HBM",
     "break-even GB/s",
     "compile s",
+    "module KB",
   ]
   table_rows = []
   for r in rows:
@@ -274,6 +277,7 @@ def main() -> int:
       "size": benchlib.fmt_bytes(r["size"]),
       "program": benchlib.scheme_label(r["scheme"]) if r["scheme"] else "native all-reduce",
       "wire bytes/chip": benchlib.fmt_bytes(r["wire_bytes"]),
+      "module KB": f"{r['module_bytes'] / 1e3:.0f}",
     }
     if "error" in r:
       t["optimal_seconds (us)"] = r["error"][:60]

@@ -37,7 +37,7 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 from equarx_pass import quantize as qz
 from equarx_pass.algorithms.base import Algorithm, Finish
 from equarx_pass.formats import INT8, Format
-from equarx_pass.forms import FlatSite, TiledSite, add
+from equarx_pass.forms import LOOP_FROM_MEMBERS, FlatSite, TiledSite, add
 from equarx_pass.hlo_builder import Emitter, shape_of, unrolled_loop, while_loop
 from equarx_pass.layout import ChunkLayout, chunk_layout, pad_chunks, unpad
 from equarx_pass.quantize_emit import FlatCodec
@@ -268,12 +268,17 @@ class Ring(Algorithm):
     def row_of(index: ir.Value) -> ir.Value:
       return em.mod(em.add_i32(index, -shift), n) if shift else index
 
-    partial = site.local(row_of(rank))
-    for step in range(n - 1):
+    def step_fn(step: ir.Value, partial: ir.Value) -> ir.Value:
       codes, scales = codec.quantize(partial)
       codes, scales = coll.permute(codes, 1), coll.permute(scales, 1)
-      index = em.mod(em.add_i32(rank, -step - 1 - shift), n)
-      partial = add(codec.dequantize(codes, scales), site.local(index))
+      behind = hlo.SubtractOp(em.add_i32(rank, -1 - shift), step).result
+      return add(codec.dequantize(codes, scales), site.local(em.mod(behind, n)))
+
+    # A loop from LOOP_FROM_MEMBERS members on, where a loop may hold collectives (not
+    # on CPU: outline.py); the same ops either way.
+    looped = n >= LOOP_FROM_MEMBERS and site.plan.collectives_in_loops
+    loop = while_loop if looped else unrolled_loop
+    partial: ir.Value = loop(site.local(row_of(rank)), n - 1, step_fn)
     return partial
 
 

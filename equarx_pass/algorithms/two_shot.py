@@ -26,7 +26,15 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 from equarx_pass import quantize as qz
 from equarx_pass.algorithms.base import Algorithm, Finish
 from equarx_pass.formats import INT8, Format
-from equarx_pass.forms import FlatSite, TiledSite, add, plus_zero, row
+from equarx_pass.forms import (
+  LOOP_FROM_MEMBERS,
+  FlatSite,
+  TiledSite,
+  add,
+  dynamic_row,
+  plus_zero,
+  row,
+)
 from equarx_pass.hlo_builder import shape_of, while_loop
 from equarx_pass.layout import ChunkLayout
 
@@ -58,6 +66,12 @@ def two_shot_chunks(x: Sequence[np.ndarray], block: int, fmt: Format = INT8) -> 
   codes = np.stack([q for q, _ in owned])
   scales = np.stack([s for _, s in owned])
   return [(codes.copy(), scales.copy()) for _ in range(n)]
+
+
+class _TiledSum(NamedTuple):
+  acc: ir.Value  # f32 [*tile]: the sum so far
+  codes: ir.Value  # [N, ...]: row j from rank j
+  scales: ir.Value
 
 
 class _SumCarry(NamedTuple):
@@ -114,14 +128,24 @@ class TwoShot(Algorithm):
     return site.coll.all_gather(codes), site.coll.all_gather(scales)
 
   def emit_reduce_scatter(self, site: TiledSite) -> ir.Value:
-    """all_to_all of every chunk; the N terms summed in group order, written out."""
+    """all_to_all of every chunk; the N terms summed in group order, written out (a loop
+    from LOOP_FROM_MEMBERS members on: the same ops, in the same order)."""
     em, codec, coll = site.em, site.codec, site.coll
     codes, scales = codec.quantize(em.convert(site.chunks, em.f32))
     codes, scales = coll.all_to_all(codes), coll.all_to_all(scales)  # j: from rank j
     acc = plus_zero(em, codec.dequantize(row(em, codes, 0), row(em, scales, 0)))
-    for j in range(1, site.n):
-      acc = add(codec.dequantize(row(em, codes, j), row(em, scales, j)), acc)
-    return acc
+    if site.n < LOOP_FROM_MEMBERS:
+      for j in range(1, site.n):
+        acc = add(codec.dequantize(row(em, codes, j), row(em, scales, j)), acc)
+      return acc
+
+    def sum_step(step: ir.Value, carry: _TiledSum) -> _TiledSum:
+      j = em.add_i32(step, 1)
+      term = codec.dequantize(dynamic_row(em, carry.codes, j), dynamic_row(em, carry.scales, j))
+      return carry._replace(acc=add(term, carry.acc))
+
+    summed: ir.Value = while_loop(_TiledSum(acc, codes, scales), site.n - 1, sum_step).acc
+    return summed
 
 
 TWO_SHOT = TwoShot()
