@@ -21,8 +21,8 @@ from equarx_pass.errors import FlagError
 ENV_VAR = "EQUARX_FLAGS"
 DTYPES = ("bf16", "f16", "f32")
 # The collectives the pass may rewrite: float-sum all-reduces (the default), and, when
-# named, float-sum reduce-scatters and all-gathers (match.py, reduce_scatter.py,
-# all_gather.py).
+# named, float-sum reduce-scatters and all-gathers (match.py finds them; each algorithm's
+# emit_reduce_scatter, algorithms/, and all_gather.py emit them).
 Op = Literal["all_reduce", "reduce_scatter", "all_gather"]
 OPS = get_args(Op)
 # What the scheme flags may name: the keys of the registries (formats/, algorithms/).
