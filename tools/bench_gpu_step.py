@@ -1,7 +1,7 @@
 """The ring step's arithmetic (Dq -> f32 add -> Q) on one device, against copy bandwidth.
 
     python tools/bench_gpu_step.py                          # CPU, about 1 minute
-    python tools/bench_gpu_step.py --platform cuda      # writes docs/ring_step_cuda.json
+    python tools/bench_gpu_step.py --platform cuda      # writes results/ring_step_cuda.json
 
 The GPU step: between two collective-permutes, every ring step dequantizes
 the chunk it received, adds its own f32 chunk and quantizes the sum for the next
@@ -155,11 +155,11 @@ def main() -> int:
   ap.add_argument("--block", type=int, default=1024)
   ap.add_argument("--calls", type=int, default=20)
   ap.add_argument("--platform", default="cpu", help="JAX platform: cpu, cuda, ...")
-  ap.add_argument("--out", help="JSON path (default docs/ring_step_<platform>.json)")
+  ap.add_argument("--out", help="JSON path (default results/ring_step_<platform>.json)")
   ap.add_argument("--hlo-dir", help="also write each step's optimized HLO there")
   args = ap.parse_args()
   os.environ["JAX_PLATFORMS"] = args.platform  # before JAX starts: no TPU probing
-  args.out = args.out or os.path.join(benchlib.DOCS, f"ring_step_{args.platform}.json")
+  args.out = args.out or os.path.join(benchlib.RESULTS, f"ring_step_{args.platform}.json")
 
   import jax
   import numpy as np

@@ -26,7 +26,7 @@ schedule) with how many have work scheduled while they are in flight.
 The paper (EQuARX, arXiv 2506.17615) measured 1.8x over the bf16 all-reduce on
 real TPUs; nothing here measures a TPU.
 
-Writes docs/tpu.json (or --out) and a PNG plot next to it.
+Writes results/tpu.json (or --out) and a PNG plot next to it.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def main() -> int:
     help="the emitted form: auto (what a TPU gets: tiled where the scheme has a tiled "
     "form) or flat (for comparison)",
   )
-  ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "tpu.json"))
+  ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "tpu.json"))
   args = ap.parse_args()
 
   # libtpu allows one process at a time unless told otherwise; this process must

@@ -62,7 +62,7 @@ bytes; XLA:CPU turns none of fsdp's gradient all-reduces into reduce-scatters. A
 every step, whether each replicated array of the train state (parameters, adamw moments)
 holds the same bits on every device that has a copy.
 
-Prints a table and writes docs/train_bench.json (or --out) and a PNG of the loss curves
+Prints a table and writes results/train_bench.json (or --out) and a PNG of the loss curves
 (one panel per mesh, a line per scheme) next to it. A benchmark, not a test: nothing is
 asserted, timings move with the machine's load.
 """
@@ -599,7 +599,7 @@ def main(argv=None) -> int:
   ap.add_argument("--smooth", type=int, default=10, help="plot: train loss mean over N steps")
   ap.add_argument("--print-report", action="store_true", help="print each scheme's site table")
   ap.add_argument(
-    "--out", help="JSON to write (default docs/train_bench.json; with --quick, a temp file)"
+    "--out", help="JSON to write (default results/train_bench.json; with --quick, a temp file)"
   )
   ap.add_argument("--quick", action="store_true", help="a smoke test: 20 steps, 2 eval batches")
   ap.add_argument("--replot", metavar="JSON", help="only draw the PNG of an earlier run's JSON")
@@ -611,7 +611,7 @@ def main(argv=None) -> int:
   if opts.out is None:  # a smoke test never replaces the published results
     import tempfile
 
-    folder = tempfile.gettempdir() if opts.quick else benchlib.DOCS
+    folder = tempfile.gettempdir() if opts.quick else benchlib.RESULTS
     opts.out = os.path.join(folder, "train_bench_quick.json" if opts.quick else "train_bench.json")
   opts.mlp = opts.mlp or 4 * opts.emb
   if "dp_tp" in opts.meshes and opts.heads % 4:
