@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 
 from absl import app, flags
 
@@ -32,9 +33,9 @@ flags.DEFINE_boolean("report", False, "print the site table (stderr when the out
 # Every --equarx_* flag comes from the one table in policy.py.
 for _flag in policy_lib.FLAGS.values():
   if _flag.is_bool:
-    flags.DEFINE_boolean(_flag.name, None, _flag.help)
+    flags.DEFINE_boolean(_flag.name, None, _flag.help.replace("`", ""))
   else:
-    flags.DEFINE_string(_flag.name, None, _flag.help)
+    flags.DEFINE_string(_flag.name, None, _flag.help.replace("`", ""))
 
 EXIT_BAD_INPUT = 2
 
@@ -113,17 +114,15 @@ def usage() -> str:
   lines.append("  -o, --output FILE      output file; '-' or unset: stdout")
   lines.append("  --report               print the site table (stderr when the output is stdout)")
   for flag in policy_lib.FLAGS.values():
-    if flag.name == "equarx_partitioned":
-      continue  # equarx_pass.jit only: a file is already one program
-    text = flag.help
-    default = getattr(policy_lib.Policy(), flag.field)
-    if not flag.is_bool and "default" not in text and default not in ("", 0, "auto"):
-      text += f" (default: {flag.format(default).split('=', 1)[1]})"
+    # The text of the flag table (policy.FLAGS), without its Markdown backticks.
+    text = f"{flag.help} (default: {flag.default_text()})".replace("`", "")
     if flag.name == "equarx_enable":
       text = "rewrite matching all-reduces (on here; --noequarx_enable converts and reports only)"
-    value = "" if flag.is_bool else "=VALUE"
-    lines.append(f"  --{flag.name}{value}")
-    lines.append(f"      {text}")
+    lines.append(f"  {flag.syntax}")
+    pad = " " * 6
+    lines.extend(
+      textwrap.wrap(text, 88, initial_indent=pad, subsequent_indent=pad, break_on_hyphens=False)
+    )
   return "\n".join(lines) + "\n"
 
 

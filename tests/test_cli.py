@@ -218,4 +218,5 @@ def test_help_lists_this_commands_flags(flag):
   assert proc.stdout.startswith("equarx-opt: rewrite the all-reduces")
   assert "--equarx_identity" in proc.stdout and "--report" in proc.stdout
   assert "on here; --noequarx_enable" in proc.stdout
-  assert "--equarx_partitioned" not in proc.stdout
+  # Shown, with a note that it applies to equarx_pass.jit only.
+  assert "--equarx_partitioned=M" in proc.stdout and "equarx_pass.jit only" in proc.stdout
