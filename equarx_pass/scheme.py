@@ -138,7 +138,7 @@ class Scheme:
 
   def wire_bytes(self, layout: ChunkLayout, kind: str = "all_reduce") -> int:
     """Bytes one rank sends for a site of `layout`, as the algorithm sends them: what
-    the report prices and tools/wire_bytes.py counts from the emitted collectives.  A
+    the report prices and equarx_pass/wire_bytes.py counts from the emitted collectives.  A
     reduce-scatter sends the algorithm's first half; an all-gather, N-1 quantized pieces
     whatever the algorithm."""
     if kind == "reduce_scatter":

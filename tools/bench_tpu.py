@@ -16,7 +16,7 @@ two-shot and the ring; --form flat for the flat form).  Reported, all of it COMP
                     times their trip count
 Neither of them prices the transfer over ICI: the all-reduce and the
 collective-permutes carry no estimate.  So the table also gives the wire bytes
-per chip (counted from the module, tools/wire_bytes.py) and the link bandwidth
+per chip (counted from the module, equarx_pass/wire_bytes.py) and the link bandwidth
 below which the rewrite pays according to these estimates:
   break-even GB/s = (native ring bytes - quantized bytes) / (extra optimal_seconds)
 where the native ring sends the data's own type (bf16 or f32)
@@ -169,7 +169,7 @@ def main() -> int:
   import numpy as np
 
   import equarx_pass
-  import wire_bytes
+  from equarx_pass import wire_bytes
   from equarx_pass import tpu_aot
 
   jax.config.update("jax_num_cpu_devices", max(chips.values()))
