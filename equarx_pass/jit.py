@@ -71,6 +71,7 @@ class Report:
   """Every all-reduce site the wrapped function's lowerings contained."""
 
   def __init__(self):
+    #: One LoweringReport per input signature lowered, in order.
     self.lowerings: list[LoweringReport] = []
 
   @property

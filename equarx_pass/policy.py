@@ -341,6 +341,8 @@ class Flag:
     return f"--{self.name}={shlex.quote(str(value))}"
 
 
+#: Every --equarx_* flag by name (without the leading --): the one table the parser,
+#: `equarx-opt --help`, README.md and the docs' flag reference read.
 FLAGS = {
   f.name: f
   for f in [
