@@ -65,6 +65,7 @@ def main(argv=None) -> int:
   import equarx_pass
 
   rows = []
+  load_before = os.getloadavg()[0]
   for name, (fun, inputs) in programs().items():
     wrappers = {
       "jax.jit": jax.jit(fun),
@@ -104,7 +105,16 @@ def main(argv=None) -> int:
   ]
   columns = ["program", "wrapper", "median us/call", "min us/call", "over jax.jit, us"]
   print(benchlib.table(table, columns, title="warm calls, one CPU device"))
-  benchlib.write_results(args.out, rows, table, columns, calls=args.calls, repeats=args.repeats)
+  # The 1-minute load average before and after: other jobs on the cores stretch Python.
+  benchlib.write_results(
+    args.out,
+    rows,
+    table,
+    columns,
+    calls=args.calls,
+    repeats=args.repeats,
+    load_average=[load_before, os.getloadavg()[0]],
+  )
   return 0
 
 
