@@ -26,7 +26,7 @@ if os.environ.get("EQUARX_TEST_INSTALLED") == "1":
   # CI tests the installed wheel: the checkout's sources must not shadow it.
   import equarx_pass
 
-  if os.path.abspath(equarx_pass.__file__).startswith(ROOT + os.sep):
+  if os.path.dirname(os.path.abspath(equarx_pass.__file__)) == os.path.join(ROOT, "equarx_pass"):
     raise RuntimeError(
       f"EQUARX_TEST_INSTALLED=1 but equarx_pass comes from the checkout "
       f"({equarx_pass.__file__}); run with PYTHONSAFEPATH=1, as .ci/run does"
