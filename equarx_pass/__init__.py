@@ -14,6 +14,7 @@ from equarx_pass._version import SUPPORTED_JAX, __version__
 from equarx_pass.errors import (
   CompileError,
   EquarxError,
+  EquarxWarning,
   FlagError,
   ParseError,
   RewriteError,
@@ -29,6 +30,7 @@ from equarx_pass.transform import transform_file, transform_text
 __all__ = [
   "CompileError",
   "EquarxError",
+  "EquarxWarning",
   "FlagError",
   "ParseError",
   "RewriteError",

@@ -101,6 +101,29 @@ def _lowering_copy(lowered, module: ir.Module, compile_args: dict):
   return new
 
 
+def array_type() -> type:
+  """The class of a concrete jax.Array (not a tracer).
+
+  Private: jax._src.array.ArrayImpl.  equarx_pass.jit's call path reads a concrete
+  array's shape, dtype, weak type and sharding straight off it, as a cache key; the
+  public isinstance(x, jax.Array) check is true for tracers too and costs more.
+  """
+  from jax._src.array import ArrayImpl
+
+  return ArrayImpl
+
+
+def compiled_call(compiled):
+  """What runs a jax.stages.Compiled that has been called once: its C++ fast path
+  where JAX made one, else the Compiled itself.
+
+  Private: Compiled._call, which Compiled.__call__ creates on its first call and then
+  forwards every call to (one Python frame less per call on equarx_pass.jit's path).
+  """
+  call = getattr(compiled, "_call", None)
+  return compiled if call is None else call
+
+
 def device_list(devices):
   """xla_client.DeviceList of `devices`, what a PjRt client's compile() takes.
 

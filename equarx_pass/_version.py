@@ -10,7 +10,7 @@ the refusal into a warning.
 import os
 import re
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 SUPPORTED_JAX = ((0, 10, 2), (0, 11, 0))  # [lower, upper), for jax and jaxlib
 SUPPORTED_JAX_SPEC = ">=0.10.2,<0.11"

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 
 from absl import app, flags
 
@@ -45,9 +46,9 @@ flags.DEFINE_boolean("report", False, "print the site table (stderr when the out
 # Every --equarx_* flag comes from the one table in policy.py.
 for _flag in policy_lib.FLAGS.values():
   if _flag.is_bool:
-    flags.DEFINE_boolean(_flag.name, None, _flag.help)
+    flags.DEFINE_boolean(_flag.name, None, _flag.help.replace("`", ""))
   else:
-    flags.DEFINE_string(_flag.name, None, _flag.help)
+    flags.DEFINE_string(_flag.name, None, _flag.help.replace("`", ""))
 
 EXIT_BAD_INPUT = 2
 # Virtual CPU devices this command starts for an artifact's partitioned route at most.
@@ -174,21 +175,15 @@ def usage() -> str:
   lines.append(f"      {OUTPUT_FORMAT_HELP}")
   lines.append("  --report               print the site table (stderr when the output is stdout)")
   for flag in policy_lib.FLAGS.values():
-    text = flag.help
-    if flag.name == "equarx_partitioned":
-      text = (
-        "jax.export artifacts: rewrite the all-reduces the SPMD partitioner inserts into an "
-        "auto-sharded program (compiled here, on CPU devices): auto when the module has no "
-        "all-reduce of its own, on always, off never"
-      )
-    default = getattr(policy_lib.Policy(), flag.field)
-    if not flag.is_bool and "default" not in text and default not in ("", 0, "auto"):
-      text += f" (default: {flag.format(default).split('=', 1)[1]})"
+    # The text of the flag table (policy.FLAGS), without its Markdown backticks.
+    text = f"{flag.help} (default: {flag.default_text()})".replace("`", "")
     if flag.name == "equarx_enable":
       text = "rewrite matching all-reduces (on here; --noequarx_enable converts and reports only)"
-    value = "" if flag.is_bool else "=VALUE"
-    lines.append(f"  --{flag.name}{value}")
-    lines.append(f"      {text}")
+    lines.append(f"  {flag.syntax}")
+    pad = " " * 6
+    lines.extend(
+      textwrap.wrap(text, 88, initial_indent=pad, subsequent_indent=pad, break_on_hyphens=False)
+    )
   return "\n".join(lines) + "\n"
 
 

@@ -43,3 +43,13 @@ class VerifyError(EquarxError):
 
 class CompileError(EquarxError):
   """XLA refused to compile the rewritten module."""
+
+
+class EquarxWarning(UserWarning):
+  """`equarx_pass.jit` runs something other than what its flags ask for: the pass is
+  enabled but nothing was rewritten, the partitioned route was not taken, or the function
+  was called under a JAX transformation and traced as plain `jax.jit`.
+
+  Issued with Python's `warnings`, once per wrapped function and reason; silence it with
+  `warnings.filterwarnings("ignore", category=equarx_pass.EquarxWarning)`.
+  """

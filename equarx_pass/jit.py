@@ -12,14 +12,26 @@ enabled, calls go straight to the jax.jit object: it *is* jax.jit.
 All-reduces that the SPMD partitioner inserts (jax.jit + NamedSharding, no psum)
 are not in the lowered StableHLO; for those the per-device program after
 partitioning is rewritten instead (partitioned.py, --equarx_partitioned).
+
+Signals: an EquarxWarning, once per wrapped function and reason, when the pass is
+enabled and nothing was rewritten (with the sites' reasons, or why the partitioned
+route was not taken), and when the function is called under a JAX transformation
+(jax.grad, jax.vmap, an outer jax.jit): it is then traced as plain jax.jit would trace
+it, because the pass rewrites a lowered program and a traced call is part of its
+caller's program.  Inside the lowering of another equarx_pass.jit function that call
+is traced silently: the outer function's pass sees its collectives.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import inspect
+import os
 import sys
+import threading
+import warnings
 from typing import Any, Callable
 
 import jax
@@ -27,7 +39,7 @@ import numpy as np
 
 from equarx_pass import _jax_private, match, partitioned, report, topology
 from equarx_pass import tpu_aot
-from equarx_pass.errors import RewriteError
+from equarx_pass.errors import EquarxWarning, RewriteError
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import SiteRecord, rewrite_module
 
@@ -60,6 +72,7 @@ class Report:
   """Every all-reduce site the wrapped function's lowerings contained."""
 
   def __init__(self):
+    #: One LoweringReport per input signature lowered, in order.
     self.lowerings: list[LoweringReport] = []
 
   @property
@@ -150,11 +163,40 @@ def _dtype_name(dtype) -> str:
     return str(dtype)
 
 
+# A traced argument's part of the cache key: such a call is never compiled or cached.
+_TRACED = ("traced",)
+# How many equarx_pass.jit lowerings this thread is inside (their jax.jit traces call the
+# user's function, which may call other equarx_pass.jit functions).
+_LOWERING = threading.local()
+# Frames in these directories are not the user's: a warning points past them.
+_INTERNAL_DIRS = tuple(
+  os.path.dirname(m.__file__) + os.sep for m in (sys.modules["equarx_pass"], jax) if m.__file__
+)
+
+
+_ARRAY: Any = _jax_private.array_type()  # Any: the attributes read are its own
+
+
+def _leaf_keys(leaves: list) -> tuple:
+  """What the dynamic arguments contribute to the cache key: their abstract values.
+
+  A concrete jax.Array, the common case on every call's path, gives its abstract value
+  (shape, dtype, weak type) and its sharding: JAX shares both objects between arrays, so
+  comparing a key with the last call's is mostly a test of identity.
+  """
+  return tuple([(x.aval, x.sharding) if type(x) is _ARRAY else _leaf_key(x) for x in leaves])
+
+
 def _leaf_key(x) -> Any:
-  """What a dynamic argument contributes to the cache key: its abstract value."""
+  """_leaf_keys' entry for an argument that is not a concrete jax.Array."""
+  if type(x) is _ARRAY:
+    return (x.aval, x.sharding)
+  if isinstance(x, jax.core.Tracer):
+    return _TRACED
   if hasattr(x, "shape") and hasattr(x, "dtype"):
     sharding = getattr(x, "sharding", None) if isinstance(x, jax.Array) else None
-    return (tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)), sharding)
+    # The dtype as given: np.dtype compares by value; a typed PRNG key's is no np.dtype.
+    return (tuple(x.shape), x.dtype, bool(getattr(x, "weak_type", False)), sharding)
   return (type(x).__name__,)  # Python scalars: one trace per type, as jax.jit does
 
 
@@ -167,8 +209,11 @@ class Jitted:
     self.policy = policy
     self.report = Report()
     self._static_nums, self._static_names = _static_positions(fun, jit_kwargs)
+    self._has_static = bool(self._static_nums or self._static_names)
     self._lowered: dict[Any, Any] = {}  # signature -> jax.stages.Lowered (rewritten)
     self._compiled: dict[Any, Any] = {}  # signature -> jax.stages.Compiled
+    self._warned: set[str] = set()  # the reasons already warned about
+    self._last: tuple[Any, Any] | None = None  # (key, compiled) of the last call
     # updated=(): copying fun.__dict__ would let a wrapped pmap shadow our own fields.
     functools.update_wrapper(self, fun, updated=())
 
@@ -177,7 +222,11 @@ class Jitted:
     return self._jitted.lower(*args, **kwargs)
 
   def split_arguments(self, args, kwargs):
-    """(dynamic args, dynamic kwargs, cache key)."""
+    """(dynamic args, dynamic kwargs, cache key); the key's last part holds one entry
+    per dynamic leaf."""
+    if not self._has_static:
+      leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+      return args, kwargs, (tree, _leaf_keys(leaves))
     n = len(args)
     static = {i % n for i in self._static_nums if -n <= i < n} if n else set()
     dyn_args = tuple(a for i, a in enumerate(args) if i not in static)
@@ -192,18 +241,45 @@ class Jitted:
     except TypeError as e:
       # The error jax.jit gives, rather than a TypeError from our cache lookup.
       raise ValueError(f"Non-hashable static arguments are not supported: {e}") from None
-    key = (static_part, tree, tuple(_leaf_key(x) for x in leaves))
+    key = (static_part, tree, _leaf_keys(leaves))
     return dyn_args, dyn_kwargs, key
 
   def __call__(self, *args, **kwargs):
     if not self.policy.enable:
       return self._jitted(*args, **kwargs)
-    dyn_args, dyn_kwargs, key = self.split_arguments(args, kwargs)
+    # The warm path, measured by tools/bench_dispatch.py: no static arguments, the last
+    # call's signature again (a step in a loop).  Its key is compared, mostly object by
+    # identical object, instead of hashed leaf by leaf for the dict.
+    if self._has_static:
+      dyn_args, dyn_kwargs, key = self.split_arguments(args, kwargs)
+    else:
+      leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+      dyn_args, dyn_kwargs, key = args, kwargs, (tree, _leaf_keys(leaves))
+    last = self._last
+    if last is not None and last[0] == key:
+      return last[1](*dyn_args, **dyn_kwargs)
     compiled = self._compiled.get(key)
     if compiled is None:
+      if _TRACED in key[-1]:
+        return self._call_traced(args, kwargs)
       compiled = self._lower(key, args, kwargs).compile()
       self._compiled[key] = compiled
-    return compiled(*dyn_args, **dyn_kwargs)
+    out = compiled(*dyn_args, **dyn_kwargs)
+    self._last = (key, _jax_private.compiled_call(compiled))
+    return out
+
+  def _call_traced(self, args, kwargs):
+    """A call under a JAX transformation: traced as jax.jit traces it, nothing rewritten
+    (a compiled stage cannot take tracers, and the caller's program is the one lowered)."""
+    if not getattr(_LOWERING, "depth", 0):
+      self._warn(
+        "traced",
+        "called under a JAX transformation (jax.grad, jax.vmap, an outer jax.jit, ...), so "
+        "it is traced as plain jax.jit and the pass rewrites none of its collectives; apply "
+        "equarx_pass.jit to the outermost function instead (e.g. the training step that "
+        "calls jax.grad)",
+      )
+    return self._jitted(*args, **kwargs)
 
   def lower(self, *args, **kwargs):
     """jax.jit's lower(), then the rewrite: a jax.stages.Lowered of the new module.
@@ -226,7 +302,11 @@ class Jitted:
 
   def _lower_and_rewrite(self, args, kwargs):
     """(the Lowered to run, an executable of it already compiled or None)."""
-    lowered = self._jitted.lower(*args, **kwargs)
+    _LOWERING.depth = getattr(_LOWERING, "depth", 0) + 1
+    try:
+      lowered = self._jitted.lower(*args, **kwargs)
+    finally:
+      _LOWERING.depth -= 1
     module = lowered.compiler_ir("stablehlo")
     note = ""
     if self._wants_partitioned(module):
@@ -293,10 +373,28 @@ class Jitted:
     self.report.lowerings.append(low)
     if self.policy.report:
       print("equarx-pass: " + _format_lowering(low), file=sys.stderr)
+    why = _nothing_rewritten(low, self.policy)
+    if why:
+      self._warn(
+        why,
+        f"--equarx_enable is set but nothing was rewritten in {low.signature}: "
+        f"{why}; it runs as plain jax.jit would run it",
+      )
+    elif low.note:
+      self._warn(low.note, f"the partitioned route was not taken: {low.note}")
+
+  def _warn(self, reason: str, message: str) -> None:
+    """An EquarxWarning naming this function, once per reason."""
+    if reason in self._warned:
+      return
+    self._warned.add(reason)
+    name = getattr(self._fun, "__name__", "fun")
+    warnings.warn(f"equarx_pass.jit({name}): {message}", EquarxWarning, stacklevel=_user_level())
 
   def clear_cache(self) -> None:
     self._lowered.clear()
     self._compiled.clear()
+    self._last = None
     self._jitted.clear_cache()  # type: ignore[attr-defined]  # jax.jit's wrapper has it
 
   def __getattr__(self, name):
@@ -313,6 +411,36 @@ def lowered_topology(lowered, policy: Policy) -> topology.Topology:
     policy.fast_link_bandwidth,
     policy.slow_link_bandwidth,
   )
+
+
+def _nothing_rewritten(low: LoweringReport, policy: Policy) -> str:
+  """Why a lowering with the pass enabled rewrote nothing ("" when it rewrote a site)."""
+  if any(r.rewritten for r in low.records):
+    return ""
+  if low.note:
+    return f"the partitioned route was not taken ({low.note})"
+  if not low.records:
+    why = f"the {low.route} program holds no {' or '.join(policy.ops)}"
+    if low.route == "lowered" and policy.partitioned == "off":
+      why += " (with --equarx_partitioned=off the partitioner's all-reduces are not looked at)"
+    return why
+  reasons = collections.Counter(r.reason for r in low.records)
+  listed = "; ".join(
+    f"{reason} ({count} site{'s' if count != 1 else ''})"
+    for reason, count in reasons.most_common(3)
+  )
+  more = f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
+  return f"all {len(low.records)} sites skipped: {listed}{more}"
+
+
+def _user_level() -> int:
+  """The stacklevel of warnings.warn that names the first frame outside equarx_pass and
+  JAX: the user's call."""
+  frame: Any = sys._getframe(1)
+  level = 1
+  while frame is not None and frame.f_code.co_filename.startswith(_INTERNAL_DIRS):
+    frame, level = frame.f_back, level + 1
+  return level
 
 
 def jit(

@@ -497,7 +497,7 @@ def _text_position(op: ir.Operation) -> tuple[int | None, int | None]:
 
 # --- parsers that can crash, in a helper process -------------------------------
 # MLIR's bytecode reader and XLA's HLO text parser are not hardened against
-# corrupted input: fuzzing (tools/fuzz.py) found one-byte changes that make them
+# corrupted input: fuzzing (tests/fuzz.py) found one-byte changes that make them
 # corrupt the heap (SIGABRT "malloc(): invalid size"), segfault, or fail an XLA
 # CHECK (SIGABRT).  So those inputs are parsed in a helper process, which sends
 # the module back as MLIR text with its locations; the text then goes through the

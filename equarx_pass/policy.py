@@ -21,8 +21,8 @@ from equarx_pass.errors import FlagError
 ENV_VAR = "EQUARX_FLAGS"
 DTYPES = ("bf16", "f16", "f32")
 # The collectives the pass may rewrite: float-sum all-reduces (the default), and, when
-# named, float-sum reduce-scatters and all-gathers (match.py, reduce_scatter.py,
-# all_gather.py).
+# named, float-sum reduce-scatters and all-gathers (match.py finds them; each algorithm's
+# emit_reduce_scatter, algorithms/, and all_gather.py emit them).
 Op = Literal["all_reduce", "reduce_scatter", "all_gather"]
 OPS = get_args(Op)
 # What the scheme flags may name: the keys of the registries (formats/, algorithms/).
@@ -324,15 +324,39 @@ def _parse_str(name: str, text: str | None) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Flag:
+  """One --equarx_* flag.  Everything a user reads about it comes from here: the
+  `equarx-opt --help` text, the flag table of README.md and the docs' flag reference
+  (flags_markdown), so the three cannot disagree (tests/test_flag_docs.py)."""
+
   name: str  # without the leading --
   field: str  # Policy field it sets
   parse: Callable[[str, str | None], Any]
-  help: str
+  help: str  # what it does; Markdown (backticks), one paragraph
+  metavar: str = ""  # the value's placeholder (--name=METAVAR); "" for a switch
+  # The default as users read it, where the Policy field's own value does not say it
+  # (0 meaning "the form decides", "" meaning "none").
+  default: str = ""
 
   @property
   def is_bool(self) -> bool:
     """A switch (--name / --noname) rather than --name=VALUE."""
     return self.parse is _parse_bool
+
+  @property
+  def syntax(self) -> str:
+    """How the flag is written: --name or --name=METAVAR."""
+    return f"--{self.name}" if self.is_bool else f"--{self.name}={self.metavar or 'VALUE'}"
+
+  def default_text(self) -> str:
+    """The default as the flag table and --help print it."""
+    if self.default:
+      return self.default
+    value = getattr(Policy(), self.field)
+    if isinstance(value, bool):
+      return "on" if value else "off"
+    if isinstance(value, tuple):
+      return ",".join(value)
+    return str(value) if value != "" else "none"
 
   def format(self, value) -> str:
     if isinstance(value, bool):
@@ -343,120 +367,188 @@ class Flag:
     return f"--{self.name}={shlex.quote(str(value))}"
 
 
+#: Every --equarx_* flag by name (without the leading --): the one table the parser,
+#: `equarx-opt --help`, README.md and the docs' flag reference read.
 FLAGS = {
   f.name: f
   for f in [
-    Flag("equarx_enable", "enable", _parse_bool, "rewrite matching all-reduces (default off)"),
+    Flag(
+      "equarx_enable",
+      "enable",
+      _parse_bool,
+      "rewrite the matching all-reduces (`--noequarx_enable` turns it off); nothing is "
+      "rewritten without it",
+    ),
     Flag(
       "equarx_min_bytes",
       "min_bytes",
       _parse_int,
-      "skip all-reduces with fewer operand bytes (an all-gather: result bytes)",
+      "skip sites with fewer operand bytes (an all-gather: bytes of the gathered result)",
+      metavar="N",
     ),
     Flag(
       "equarx_max_bytes",
       "max_bytes",
       _parse_int,
-      "skip all-reduces with more operand bytes (0: no bound)",
+      "skip sites with more operand bytes (likewise)",
+      metavar="N",
+      default="0 (none)",
     ),
     Flag(
       "equarx_dtypes",
       "dtypes",
       _parse_list,
-      "element types to rewrite, comma list of bf16,f16,f32",
+      "element types to rewrite, a comma list of " + ",".join(DTYPES),
+      metavar="LIST",
     ),
     Flag(
       "equarx_ops",
       "ops",
       _parse_list,
-      "collectives to rewrite, comma list of " + ",".join(OPS) + " (default all_reduce)",
+      "collectives to rewrite, a comma list of " + ", ".join(f"`{o}`" for o in OPS) + " "
+      "(float sums and float gathers)",
+      metavar="LIST",
     ),
     Flag(
       "equarx_block_size",
       "block_size",
       _parse_int,
-      "values per scale (default: one rotation, 128, in the tiled form with a rotation; "
-      "else 1024; mxint8: its own 32)",
+      "values per scale",
+      metavar="N",
+      default="one rotation (128, or `--equarx_rotation_size`) with a rotation in the tiled "
+      "form, else 1024; `mxint8`: 32",
     ),
-    Flag("equarx_format", "format", _parse_str, "wire format: " + ",".join(FORMATS)),
-    Flag("equarx_algorithm", "algorithm", _parse_str, "collective: " + ",".join(ALGORITHMS)),
-    Flag("equarx_rotation", "rotation", _parse_str, "rotation before quantizing: none,hadamard"),
+    Flag(
+      "equarx_format",
+      "format",
+      _parse_str,
+      "the wire format: `int8`, `int4` (two per byte), `fp8_e4m3`, `fp8_e5m2` (one f32 "
+      "scale per block), `mxint8` (int8 codes, a one-byte power-of-two scale per 32 values)",
+      metavar="F",
+    ),
+    Flag(
+      "equarx_algorithm",
+      "algorithm",
+      _parse_str,
+      "the collective: `ring` (EQuARX), `two_shot`, `bidirectional` (the ring, half of each "
+      "chunk each way)",
+      metavar="A",
+    ),
+    Flag(
+      "equarx_rotation",
+      "rotation",
+      _parse_str,
+      "`none` or `hadamard` (a block-wise randomized Walsh-Hadamard rotation before quantizing)",
+      metavar="R",
+    ),
     Flag(
       "equarx_rounding",
       "rounding",
       _parse_str,
-      "integer codes: nearest (even), or stochastic (a stateless uniform draw; tiled form)",
+      "integer codes: `nearest` (half to even) or `stochastic` (rounded down after adding a "
+      "stateless uniform draw; tiled form)",
+      metavar="R",
     ),
     Flag(
       "equarx_rotation_size",
       "rotation_size",
       _parse_int,
-      "Hadamard block, a power of two dividing the block size (default: 128 in the tiled "
-      "form; flat: the largest such, <= 4096)",
+      "the Hadamard block, a power of two that divides the block size",
+      metavar="N",
+      default="128 in the tiled form; `mxint8`: 32 (one per block); flat form: the largest "
+      "power of 2 dividing the block, at most 4096 (the grid layout: 128)",
     ),
-    Flag("equarx_microshards", "microshards", _parse_int, "independent permutes per ring step"),
+    Flag(
+      "equarx_microshards",
+      "microshards",
+      _parse_int,
+      "independent permutes per ring step (pipelining; flat form)",
+      metavar="K",
+    ),
     Flag(
       "equarx_unroll_min_bytes",
       "unroll_min_bytes",
       _parse_int,
-      "ring schemes: write out the reduce-scatter loop of all-reduces with at least this "
-      "many operand bytes (faster: no copy of the operand into the loop; larger module)",
+      "ring schemes: all-reduces with at least N operand bytes get their reduce-scatter "
+      "steps written out instead of looped; faster at run time (a loop copies all N chunks "
+      "into its buffer on every call), larger module and longer compile",
+      metavar="N",
     ),
     Flag(
       "equarx_block_layout",
       "block_layout",
       _parse_str,
-      "fixed (--equarx_block_size values per scale) or grid (8x128 scales per chunk)",
+      "`fixed` (`--equarx_block_size` values per scale) or `grid` (8x128 scales per chunk, "
+      "the paper's)",
+      metavar="L",
     ),
     Flag("equarx_report", "report", _parse_bool, "print the site table after each rewrite"),
     Flag(
-      "equarx_compile_for", "compile_for", _parse_str, "also compile for tpu:TOPOLOGY ahead of time"
+      "equarx_compile_for",
+      "compile_for",
+      _parse_str,
+      "also compile the result for a TPU topology ahead of time (e.g. `tpu:v5e:2x2`, "
+      "`tpu:v4:2x2x1`; needs the `tpu` extra, no TPU)",
+      metavar="tpu:TOPO",
     ),
     Flag(
       "equarx_partitioned",
       "partitioned",
       _parse_str,
-      "equarx_pass.jit: rewrite the all-reduces the SPMD partitioner inserts: "
-      "auto (when the lowered program has none), on, off",
+      "rewrite the all-reduces the SPMD partitioner inserts into an auto-sharded program: in "
+      "`equarx_pass.jit`, and in `equarx-opt` for a `jax.export` artifact (compiled on CPU "
+      "devices); `auto` when the program has no all-reduce of its own, `on` always, `off` "
+      "never",
+      metavar="M",
     ),
     Flag(
       "equarx_outline",
       "outline",
       _parse_str,
-      "emit each rewritten all-reduce as a private function called out of line (a nested "
-      "computation for XLA, which compiles large programs faster on XLA:CPU): auto (when "
-      "equarx_pass.jit compiles for CPU), on, off",
+      "the compute of each rewritten site between its collectives becomes private "
+      "functions that XLA keeps as calls, which compiles large programs much faster on "
+      "XLA:CPU; the collectives stay where the all-reduce was. `auto`: when "
+      "`equarx_pass.jit` compiles for CPU; `on`; `off` (inline, as `equarx-opt` writes "
+      "them unless told `on`). The same ops either way; bits can differ at a site's edges, "
+      "where inline XLA:CPU may fuse the site's last multiply into a following add",
+      metavar="M",
     ),
     Flag(
       "equarx_calibration",
       "calibration",
       _parse_str,
-      "calibration file of equarx_pass.calibrate: its sites get static int4 scales and "
-      "bf16 outlier features; the others the dynamic scheme",
+      "a file written by `equarx_pass.calibrate`: its sites get the calibrated "
+      "outlier-feature scheme (static int4 scales, H/64 features in bf16, 4.19 bits); the "
+      "others the scheme of the other flags, and the report says why",
+      metavar="FILE",
     ),
     Flag(
       "equarx_calibration_clip",
       "calibration_clip",
       _parse_float,
-      "with --equarx_calibration: clip each feature's static range at this many times its "
-      "calibrated rms (2.55: MSE-optimal for Gaussian data at 4 bits; 0: off, the absmax)",
+      "with a calibration file: clip each feature's static range at C times its calibrated "
+      "rms (2.55: MSE-optimal for Gaussian data at 4 bits)",
+      metavar="C",
+      default="0 (off)",
     ),
     Flag(
       "equarx_platform",
       "platform",
       _parse_str,
-      "where the program runs: auto (where equarx_pass.jit compiles; for equarx-opt tpu "
-      "with --equarx_compile_for=tpu:..., else cpu), cpu (the tiled form's forward "
-      "rotation as the model's butterflies: the same bits), tpu or gpu (as a matmul)",
+      "where the program runs: `cpu` (the tiled form's forward rotation is the model's "
+      "butterflies, so a site equals the NumPy model bit for bit), `tpu` or `gpu` (a "
+      "matmul); `auto`: where `equarx_pass.jit` compiles, and for `equarx-opt` `tpu` with "
+      "`--equarx_compile_for=tpu:...`, else `cpu`",
+      metavar="P",
     ),
     Flag(
       "equarx_form",
       "form",
       _parse_str,
-      "the emitted form: auto (tiled where the scheme has one), tiled ([rows, 128] "
-      "tiles, scales on their own collectives, the inverse rotation as a matmul and the "
-      "forward one per --equarx_platform; two_shot and ring, one lane, fixed blocks) or "
-      "flat (one payload per row with the scales packed in, butterflies both ways)",
+      "the emitted form: `tiled` (two-shot and the ring with one lane and fixed blocks), "
+      "`flat` (one int8 payload per row with the scale bytes packed in, loops over "
+      "chunks); `auto`: tiled wherever the scheme has a tiled form",
+      metavar="F",
     ),
     Flag(
       "equarx_force",
@@ -501,11 +593,21 @@ FLAGS = {
       "equarx_identity",
       "identity",
       _parse_bool,
-      "a faithfulness check: take every route as usual but keep each selected all-reduce "
-      "exact (the native op), so results must equal plain jax.jit bit for bit",
+      "a faithfulness check: every route as usual, but each selected all-reduce stays the "
+      "native op, so results equal plain `jax.jit`'s bit for bit",
     ),
   ]
 }
+
+
+def flags_markdown() -> str:
+  """The flag reference as a Markdown table: README.md holds it verbatim and the docs
+  site renders it (docs/flags.md), both checked against this by the tests."""
+  lines = ["| flag | default | meaning |", "|---|---|---|"]
+  for flag in FLAGS.values():
+    cell = lambda text: text.replace("|", "\\|")
+    lines.append(f"| `{flag.syntax}` | {cell(flag.default_text())} | {cell(flag.help)} |")
+  return "\n".join(lines) + "\n"
 
 
 def apply_flags(policy: Policy, flags: str) -> Policy:

@@ -1,7 +1,8 @@
 """Block-wise symmetric quantization: the NumPy model of what the rewrite emits.
 
-This module uses no MLIR. `quantize_emit.py` emits exactly these operations, in this
-order, so the program's bits can be compared with this model (tests/test_ring_model.py
+This module builds no MLIR (its format objects, from formats/, also hold their
+emitters, so importing it imports JAX's MLIR bindings). `quantize_emit.py` emits
+exactly these operations, in this order, so the program's bits can be compared with this model (tests/test_ring_model.py
 and the end-to-end tests).  What differs between formats (the scale from the absmax,
 values to codes and back, the scale's bytes) is the format object's (formats/); this
 is the block codec around it: blocks, the absmax, the clamp, int4 nibble pairing.

@@ -1,9 +1,10 @@
 """A quantized all-reduce scheme: algorithm x format x blocks x rotation x microshards.
 
-No MLIR here.  `Scheme` decides the chunk layout and the lanes (microshards and
-ring directions) that build.py emits, and `reference` is the NumPy model of
-the whole all-reduce for any scheme, which the emitted program is tested
-against bit for bit.
+This module builds no MLIR (the format and algorithm objects it names carry their
+emitters, so importing it imports JAX's MLIR bindings).  `Scheme` decides the chunk
+layout and the lanes (microshards and ring directions) that the algorithms' emitters
+(algorithms/) emit through forms.py, and `reference` is the NumPy model of the whole
+all-reduce for any scheme, which the emitted program is tested against bit for bit.
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ class Scheme:
 
   def wire_bytes(self, layout: ChunkLayout, kind: str = "all_reduce") -> int:
     """Bytes one rank sends for a site of `layout`, as the algorithm sends them: what
-    the report prices and tools/wire_bytes.py counts from the emitted collectives.  A
+    the report prices and equarx_pass/wire_bytes.py counts from the emitted collectives.  A
     reduce-scatter sends the algorithm's first half; an all-gather, N-1 quantized pieces
     whatever the algorithm."""
     if kind == "reduce_scatter":

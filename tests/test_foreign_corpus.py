@@ -2,7 +2,7 @@
 Shardy's own developers (their test files), not by us.
 
 tests/data/foreign/ holds modules cut verbatim out of those repositories by
-tools/cut_foreign_modules.py; manifest.json says where each comes from (repo,
+tests/cut_foreign_modules.py; manifest.json says where each comes from (repo,
 commit, path, line) and how many devices its test harness runs it on.  For every
 module, the pipeline `equarx-opt --equarx_enable --equarx_min_bytes=0` runs
 (parse -> rewrite -> verify -> print), in process, and:
@@ -38,7 +38,6 @@ import functools
 import json
 import os
 import re
-import sys
 
 import jax
 import ml_dtypes
@@ -47,12 +46,11 @@ import pytest
 from jax.extend import backend as jax_backend
 from jax.extend.mlir import ir
 
+import cut_foreign_modules as cut
 from equarx_pass import _jax_private, match, parse, policy as policy_lib, rewrite
 from equarx_pass.errors import EquarxError, ParseError, VerifyError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "tools"))
-import cut_foreign_modules as cut  # noqa: E402
 
 CORPUS = os.path.join(ROOT, "tests", "data", "foreign")
 with open(os.path.join(CORPUS, "manifest.json")) as _f:

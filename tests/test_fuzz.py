@@ -1,37 +1,25 @@
-"""tools/fuzz.py: a short run in the suite, and the harness's own checks.
+"""tests/fuzz.py: a short run in the suite, and the harness's own checks.
 
-The tool is run as users run it (python tools/fuzz.py --cases N >= 1000 for the
+The harness is run as users run it (python tests/fuzz.py --cases N >= 1000 for the
 real thing); here 40 cases keep the suite fast.  The harness tests show that a
 crash and an invalid module would be counted, so the zero counts mean something.
 """
 
 import collections
-import importlib.util
 import json
 import os
 import random
 import subprocess
 import sys
 
+import fuzz
 import pytest
 
 from equarx_pass import parse, transform
 from equarx_pass.policy import Policy
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TOOL = os.path.join(ROOT, "tools", "fuzz.py")
+TOOL = fuzz.__file__
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
-
-
-def load_tool():
-  spec = importlib.util.spec_from_file_location("equarx_fuzz", TOOL)
-  module = importlib.util.module_from_spec(spec)
-  sys.modules[spec.name] = module  # dataclasses look their module up there
-  spec.loader.exec_module(module)
-  return module
-
-
-fuzz = load_tool()
 
 
 @pytest.fixture(scope="module")

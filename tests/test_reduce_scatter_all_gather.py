@@ -8,9 +8,6 @@ an all-gather gives every rank the same bits, the report's bytes are the ones co
 from the rewritten module, and what cannot be rewritten is skipped with the reason.
 """
 
-import os
-import sys
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,9 +16,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import equarx_pass
 from equarx_pass import scheme as scheme_lib
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "tools"))
-import wire_bytes  # noqa: E402
+from equarx_pass import wire_bytes
 
 ON = (
   "--equarx_enable --equarx_min_bytes=0 --equarx_force "

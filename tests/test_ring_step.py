@@ -1,27 +1,19 @@
-"""The ring step alone (ring.emit_ring_step, as tools/bench_gpu_step.py times it)
+"""The ring step alone (equarx_pass.ring_step, as tools/bench_gpu_step.py times it)
 equals the NumPy model bit for bit on XLA:CPU, and the tool's probe of the backend's
 arithmetic sees what the model assumes there: correctly rounded 1/x and an FMA."""
 
-import os
-import sys
-
-import jax
 import numpy as np
 import pytest
 
 from equarx_pass import quantize as qz
+from equarx_pass import ring_step
 from equarx_pass.formats import FORMATS
-
-sys.path.insert(
-  0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools")
-)
-import bench_gpu_step  # noqa: E402
 
 VALUES, BLOCK = 8192, 1024
 
 
 def _payload(rng, fmt):
-  return bench_gpu_step.to_payload(
+  return ring_step.to_payload(
     *qz.quantize(rng.standard_normal((1, VALUES), dtype=np.float32), BLOCK, fmt)
   )
 
@@ -30,12 +22,12 @@ def _payload(rng, fmt):
 def test_emitted_step_equals_model(fmt_name):
   fmt = FORMATS[fmt_name]
   rng = np.random.default_rng(3)
-  step, payload_bytes = bench_gpu_step.step_program(jax, VALUES, BLOCK, fmt)
+  step, payload_bytes = ring_step.step_program(VALUES, BLOCK, fmt)
   payload = _payload(rng, fmt)
   assert payload.shape == (1, payload_bytes)
   local = rng.standard_normal((1, VALUES), dtype=np.float32)
   out = np.asarray(step(payload, local))
-  assert bench_gpu_step.compare(out, payload, local, VALUES, BLOCK, fmt) == "same bits"
+  assert ring_step.compare(out, payload, local, VALUES, BLOCK, fmt) == "same bits"
 
 
 def test_compare_reports_a_wrong_code():
@@ -43,13 +35,13 @@ def test_compare_reports_a_wrong_code():
   rng = np.random.default_rng(4)
   payload = _payload(rng, fmt)
   local = rng.standard_normal((1, VALUES), dtype=np.float32)
-  out = bench_gpu_step.model_step(payload, local, VALUES, BLOCK, fmt)
+  out = ring_step.model_step(payload, local, VALUES, BLOCK, fmt)
   out[0, 7] += 1
-  verdict = bench_gpu_step.compare(out, payload, local, VALUES, BLOCK, fmt)
+  verdict = ring_step.compare(out, payload, local, VALUES, BLOCK, fmt)
   assert verdict.startswith("model (FMA) but 1.2e-04 codes off (max 1)"), verdict
 
 
 def test_cpu_arithmetic_is_what_the_model_assumes():
-  assert bench_gpu_step.backend_arithmetic(jax) == dict(
+  assert ring_step.backend_arithmetic() == dict(
     reciprocal_not_ieee=0.0, mul_add_is_fma=True, mul_add_is_unfused=False
   )

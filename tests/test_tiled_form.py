@@ -1,5 +1,5 @@
-"""The tiled forms (tiled.py, the default on every platform) equal the two-shot and ring
-models.
+"""The tiled forms (forms.TiledSite, the default on every platform) equal the two-shot
+and ring models.
 
 Run on the 8 CPU devices.  On CPU the forward rotation is the model's butterflies, so
 every tiled scheme equals scheme.reference bit for bit.  With --equarx_platform=tpu the

@@ -23,7 +23,7 @@ program is compiled once more with LLVM's optimisation off
 (--xla_backend_optimization_level=0), and the scanned one ahead of time for a
 TPU (v4:2x2x1, libtpu; a rewritten unrolled module takes seconds per site there).
 
-Writes docs/compile.json (or --out) and a PNG plot next to it.
+Writes results/compile.json (or --out) and a PNG plot next to it.
 """
 
 from __future__ import annotations
@@ -252,7 +252,7 @@ def main() -> int:
     help="which programs: train (unrolled), scan, forward, forward-O0",
   )
   ap.add_argument("--tpu", default="tpu:v4:2x2x1", help="also compile for this topology ('' off)")
-  ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "compile.json"))
+  ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "compile.json"))
   ap.add_argument("--child", help=argparse.SUPPRESS)
   args = ap.parse_args()
   if args.child:

@@ -1,7 +1,7 @@
 """The ring step's arithmetic (Dq -> f32 add -> Q) on one device, against copy bandwidth.
 
     python tools/bench_gpu_step.py                          # CPU, about 1 minute
-    python tools/bench_gpu_step.py --platform cuda      # writes docs/ring_step_cuda.json
+    python tools/bench_gpu_step.py --platform cuda      # writes results/ring_step_cuda.json
 
 The GPU step: between two collective-permutes, every ring step dequantizes
 the chunk it received, adds its own f32 chunk and quantizes the sum for the next
@@ -12,7 +12,7 @@ compiles them for the device alone and times them for large chunks, next to:
     cheapest pass over the chunk), measured in the same run;
   - the time the chunk's payload takes on a few links (NVLink-class 450 GB/s,
     100 Gbit/s, 1 Gbit/s), so one can see whether the step hides behind the transfer.
-Each step's output is checked against the NumPy model (quantize.py): "model" says
+Each step's output is checked against the NumPy model (equarx_pass/ring_step.py): "model" says
 "same bits", "same bits, no FMA" (the model with the product rounded before the add),
 or how many codes and scales differ from the model.  The step needs no collective,
 so one device is enough (`--platform cuda` needs jax[cuda] on the GPU machine).  Writes JSON (--out) and a PNG next to it.
@@ -33,89 +33,6 @@ FORMAT_NAMES = ["int8", "int4", "fp8_e4m3"]
 LINKS = {"450 GB/s": 450e9, "100 Gbit/s": 100e9 / 8, "1 Gbit/s": 1e9 / 8}
 
 
-def step_program(jax, c: int, block: int, fmt):
-  """A compiled (payload int8 [1, P], local f32 [1, C]) -> payload int8 [1, P]."""
-  import jax.numpy as jnp
-  from jax.extend.mlir import ir
-  from jax.extend.mlir.dialects import func
-
-  from equarx_pass import _jax_private, match
-  from equarx_pass.algorithms import ring
-
-  p = fmt.payload_bytes(c, c // block)
-  payload_spec = jax.ShapeDtypeStruct((1, p), jnp.int8)
-  local_spec = jax.ShapeDtypeStruct((1, c), jnp.float32)
-  # Lower a function of the right signature, then replace its body with the step.
-  lowered = jax.jit(lambda payload, local: payload, keep_unused=True).lower(
-    payload_spec, local_spec
-  )
-  module = lowered.compiler_ir("stablehlo")
-  block_ = match.find_function(module, "main").opview.body.blocks[0]
-  for op in list(block_.operations):
-    op.erase()
-  with module.context, ir.Location.unknown(), ir.InsertionPoint(block_):
-    out = ring.emit_ring_step(block_.arguments[0], block_.arguments[1], block, fmt)
-    func.ReturnOp([out])
-  if not module.operation.verify():
-    raise RuntimeError("step module failed verification")
-  return _jax_private.lowered_with_module(lowered, module).compile(), p
-
-
-def to_payload(codes, scale):
-  """The wire payload of one chunk, int8 [1, P]: codes, then the f32 scales' bytes."""
-  import numpy as np
-
-  return np.concatenate([codes.reshape(1, -1), scale.view(np.int8).reshape(1, -1)], 1)
-
-
-def from_payload(payload, c, fmt):
-  """(codes int8, scales f32) of an int8 [1, P] payload of c values."""
-  import numpy as np
-
-  code_bytes = fmt.code_bytes(c)
-  return payload[0, :code_bytes], payload[0, code_bytes:].copy().view(np.float32)
-
-
-def model_step(payload, local, c, block, fmt, fma=True):
-  """The NumPy model's step.  fma=False rounds the product before the add, as a
-  backend that does not contract Dq's multiply into the add would."""
-  from equarx_pass import quantize as qz
-
-  codes, scale = from_payload(payload, c, fmt)
-  local = local.reshape(-1, block)
-  if fma:
-    values = qz.codes_to_f32(codes, fmt, block).reshape(-1, block)
-    partial = qz.fused_multiply_add(values, scale[:, None], local)
-  else:
-    partial = qz.dequantize(codes, scale, block, fmt).reshape(-1, block) + local
-  return to_payload(*qz.quantize(partial.reshape(1, c), block, fmt))
-
-
-def compare(out, payload, local, c, block, fmt) -> str:
-  """Which model the device's bits equal, or how far they are from the nearer one."""
-  import numpy as np
-  from equarx_pass import quantize as qz
-
-  got_codes, got_scale = from_payload(out, c, fmt)
-  got_values = qz.codes_to_f32(got_codes, fmt, block)
-  found = []
-  for fma, name in ((True, "FMA"), (False, "no FMA")):
-    want = model_step(payload, local, c, block, fmt, fma)
-    if np.array_equal(out, want):
-      return "same bits" if fma else "same bits, no FMA"
-    want_codes, want_scale = from_payload(want, c, fmt)
-    want_values = qz.codes_to_f32(want_codes, fmt, block)
-    codes_off = (got_values != want_values).mean()
-    scales_off = (got_scale != want_scale).mean()
-    found.append(
-      (codes_off + scales_off, name, codes_off, np.abs(got_values - want_values).max(), scales_off)
-    )
-  _, name, codes_off, worst, scales_off = min(found)
-  return (
-    f"model ({name}) but {codes_off:.1e} codes off (max {worst:g}), {scales_off:.1e} scales off"
-  )
-
-
 def timed(fn, args, calls: int, batch: int = 10) -> float:
   """Median over `calls` of the time per call of `batch` calls dispatched back to
   back, so the launch overhead of an asynchronous backend overlaps the work."""
@@ -131,23 +48,6 @@ def timed(fn, args, calls: int, batch: int = 10) -> float:
   return sorted(times)[len(times) // 2]
 
 
-def backend_arithmetic(jax) -> dict:
-  """How this backend's f32 arithmetic compares with IEEE (what the model assumes):
-  the fraction of 1/x not correctly rounded, and whether a * b + c is one FMA."""
-  import numpy as np
-  from equarx_pass import quantize as qz
-
-  rng = np.random.default_rng(1)
-  x, y, z = (rng.standard_normal(1 << 22).astype(np.float32) for _ in range(3))
-  inverse = np.asarray(jax.jit(lambda a: 1 / a)(x))
-  mul_add = np.asarray(jax.jit(lambda a, b, c: a * b + c)(x, y, z))
-  return dict(
-    reciprocal_not_ieee=float(np.mean(inverse != np.float32(1) / x)),
-    mul_add_is_fma=bool(np.array_equal(mul_add, qz.fused_multiply_add(x, y, z))),
-    mul_add_is_unfused=bool(np.array_equal(mul_add, x * y + z)),
-  )
-
-
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--sizes", nargs="+", default=SIZES, help="values per chunk (K/M suffixes)")
@@ -155,21 +55,22 @@ def main() -> int:
   ap.add_argument("--block", type=int, default=1024)
   ap.add_argument("--calls", type=int, default=20)
   ap.add_argument("--platform", default="cpu", help="JAX platform: cpu, cuda, ...")
-  ap.add_argument("--out", help="JSON path (default docs/ring_step_<platform>.json)")
+  ap.add_argument("--out", help="JSON path (default results/ring_step_<platform>.json)")
   ap.add_argument("--hlo-dir", help="also write each step's optimized HLO there")
   args = ap.parse_args()
   os.environ["JAX_PLATFORMS"] = args.platform  # before JAX starts: no TPU probing
-  args.out = args.out or os.path.join(benchlib.DOCS, f"ring_step_{args.platform}.json")
+  args.out = args.out or os.path.join(benchlib.RESULTS, f"ring_step_{args.platform}.json")
 
   import jax
   import numpy as np
 
   from equarx_pass import quantize as qz
+  from equarx_pass import ring_step
   from equarx_pass.formats import FORMATS
 
   device = jax.devices()[0]
   print(f"device: {device.platform} {device.device_kind}", flush=True)
-  arithmetic = backend_arithmetic(jax)
+  arithmetic = ring_step.backend_arithmetic()
   print(f"arithmetic: {arithmetic}", flush=True)
   negate = jax.jit(lambda x: -x)
   rng = np.random.default_rng(0)
@@ -182,17 +83,17 @@ def main() -> int:
     copy_gbs = 2 * 4 * c / copy_s / 1e9
     for fmt_name in args.formats:
       fmt = FORMATS[fmt_name]
-      step, p = step_program(jax, c, args.block, fmt)
+      step, p = ring_step.step_program(c, args.block, fmt)
       if args.hlo_dir:
         os.makedirs(args.hlo_dir, exist_ok=True)
         with open(os.path.join(args.hlo_dir, f"step_{fmt_name}_{size_text}.hlo"), "w") as f:
           f.write(step.as_text())
-      payload = to_payload(
+      payload = ring_step.to_payload(
         *qz.quantize(rng.standard_normal((1, c), dtype=np.float32), args.block, fmt)
       )
       args_dev = (jax.device_put(payload, device), local_dev)
       step_s = timed(step, args_dev, args.calls)
-      model = compare(np.asarray(step(*args_dev)), payload, local, c, args.block, fmt)
+      model = ring_step.compare(np.asarray(step(*args_dev)), payload, local, c, args.block, fmt)
       moved = 2 * p + 4 * c  # read payload and chunk, write payload
       row = dict(
         device=f"{device.platform} {device.device_kind}",

@@ -115,7 +115,7 @@ def main() -> int:
   parser.add_argument("--axes", nargs="+", default=["dcn,ici", "dcn", "ici"])
   parser.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
   parser.add_argument("--sizes", nargs="+", default=["1M", "16M"])
-  parser.add_argument("--out", default=os.path.join(benchlib.DOCS, "multislice.json"))
+  parser.add_argument("--out", default=os.path.join(benchlib.RESULTS, "multislice.json"))
   args = parser.parse_args()
 
   rows, unavailable = [], {}

@@ -33,7 +33,7 @@ def main(argv=None) -> int:
   parser.add_argument("--dtypes", nargs="+", default=["bf16", "f32"], choices=["bf16", "f32"])
   parser.add_argument("--calls", type=int, default=9)
   benchlib.add_scheme_argument(parser)
-  parser.add_argument("--out", default=os.path.join(benchlib.ROOT, "docs", "ring_cpu.json"))
+  parser.add_argument("--out", default=os.path.join(benchlib.RESULTS, "ring_cpu.json"))
   args = parser.parse_args(argv)
   # Before JAX starts.
   os.environ["XLA_FLAGS"] = (

@@ -16,7 +16,7 @@ two-shot and the ring; --form flat for the flat form).  Reported, all of it COMP
                     times their trip count
 Neither of them prices the transfer over ICI: the all-reduce and the
 collective-permutes carry no estimate.  So the table also gives the wire bytes
-per chip (counted from the module, tools/wire_bytes.py) and the link bandwidth
+per chip (counted from the module, equarx_pass/wire_bytes.py) and the link bandwidth
 below which the rewrite pays according to these estimates:
   break-even GB/s = (native ring bytes - quantized bytes) / (extra optimal_seconds)
 where the native ring sends the data's own type (bf16 or f32)
@@ -26,7 +26,7 @@ schedule) with how many have work scheduled while they are in flight.
 The paper (EQuARX, arXiv 2506.17615) measured 1.8x over the bf16 all-reduce on
 real TPUs; nothing here measures a TPU.
 
-Writes docs/tpu.json (or --out) and a PNG plot next to it.
+Writes results/tpu.json (or --out) and a PNG plot next to it.
 """
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def main() -> int:
     help="the emitted form: auto (what a TPU gets: tiled where the scheme has a tiled "
     "form) or flat (for comparison)",
   )
-  ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "tpu.json"))
+  ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "tpu.json"))
   args = ap.parse_args()
 
   # libtpu allows one process at a time unless told otherwise; this process must
@@ -169,7 +169,7 @@ def main() -> int:
   import numpy as np
 
   import equarx_pass
-  import wire_bytes
+  from equarx_pass import wire_bytes
   from equarx_pass import tpu_aot
 
   jax.config.update("jax_num_cpu_devices", max(chips.values()))

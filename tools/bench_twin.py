@@ -105,7 +105,7 @@ def main(argv=None) -> int:
   parser.add_argument("--calls", type=int, default=9)
   parser.add_argument("--platform", default="cpu", help="the JAX platform that runs the twins")
   benchlib.add_scheme_argument(parser)
-  parser.add_argument("--out", default=os.path.join(benchlib.DOCS, "twin_cpu.json"))
+  parser.add_argument("--out", default=os.path.join(benchlib.RESULTS, "twin_cpu.json"))
   args = parser.parse_args(argv)
   import jax
 

@@ -5,14 +5,14 @@
 
 For each group size, dtype and message size, one psum in a shard_map is lowered,
 rewritten with each scheme, and the bytes one rank sends are counted from the
-collective ops of the rewritten module (tools/wire_bytes.py: every
+collective ops of the rewritten module (equarx_pass/wire_bytes.py: every
 collective_permute, all_gather, all_to_all, ... times the trip counts of the
 while loops around it).  Compared with a bf16 ring all-reduce of the same tensor
 (2(N-1) chunks of ceil(L/N) values, 2 bytes each) and with what the pass's own
 report claims (SiteRecord.bytes_after).  Limits: int8 + an f32 scale per 1024
 values is 8.03 bits, 1.99x less than bf16; int4 4.03 bits, 3.97x.
 
-Writes docs/wire_bytes.json (or --out) and a PNG plot next to it.
+Writes results/wire_bytes.json (or --out) and a PNG plot next to it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ def main() -> int:
   ap.add_argument("--groups", nargs="+", type=int, default=[4, 8])
   ap.add_argument("--sizes", nargs="+", default=SIZES, help="bytes per device")
   ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
-  ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "wire_bytes.json"))
+  ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "wire_bytes.json"))
   args = ap.parse_args()
 
   import jax
@@ -43,7 +43,7 @@ def main() -> int:
   import numpy as np
 
   import equarx_pass
-  import wire_bytes
+  from equarx_pass import wire_bytes
 
   schemes = args.scheme or list(benchlib.DEFAULT_SCHEMES)
   rows = []

@@ -13,7 +13,8 @@ import re
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = os.path.join(ROOT, "docs")
+# Where the tools write their JSON and plots by default; the docs pages read them there.
+RESULTS = os.path.join(ROOT, "results")
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
 

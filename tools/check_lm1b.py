@@ -1,6 +1,6 @@
 """equarx_pass.jit on flax's examples/lm1b Transformer, unchanged, on TP and FSDP meshes.
 
-    python tools/check_lm1b.py --lm1b-dir /tmp/flax_examples/examples/lm1b [--out docs/lm1b_check.json]
+    python tools/check_lm1b.py --lm1b-dir /tmp/flax_examples/examples/lm1b [--out results/lm1b_check.json]
 
 The model code is flax's own, imported at run time from a flax checkout; nothing of it
 is copied here.  Get the example's directory with
@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 import benchlib  # noqa: E402
 
 DEFAULT_FLAGS = "--equarx_enable --equarx_min_bytes=0"
-DEFAULT_OUT = os.path.join(benchlib.DOCS, "lm1b_check.json")
+DEFAULT_OUT = os.path.join(benchlib.RESULTS, "lm1b_check.json")
 
 
 # ----------------------------------------------------------------------------- imports

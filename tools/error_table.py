@@ -1,7 +1,7 @@
 """Error table: relative L2 error and bits per value of every scheme, from the NumPy models.
 
     python tools/error_table.py [--values 1048576] [--groups 2,4,8]
-                                [--activations FILE.npz] [--out docs/error_table]
+                                [--activations FILE.npz] [--out results/error_table]
 
 For each scheme x group size N x data set it runs equarx_pass.scheme.reference
 (the model the rewritten programs equal bit for bit on CPU) and prints the
@@ -303,7 +303,7 @@ def main(argv=None) -> int:
   parser.add_argument("--groups", default="2,4,8", help="group sizes N")
   parser.add_argument("--activations", help="a --capture file of equarx_pass.examples.minilm")
   parser.add_argument("--scheme", action="append", help="flag string (default: the built-in list)")
-  parser.add_argument("--out", default="docs/error_table", help="output path prefix")
+  parser.add_argument("--out", default="results/error_table", help="output path prefix")
   args = parser.parse_args(argv)
   groups = [int(g) for g in args.groups.split(",")]
   sites = load_activation_sites(args.activations) if args.activations else None

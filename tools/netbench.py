@@ -26,7 +26,7 @@ its eth0, the barrier's own bytes subtracted).  Every host checks its result
 against the float64 sum of all inputs (relative L2 error) and hashes it; "same"
 says whether every rank got identical bits.
 
-Writes docs/netbench.json (or --out) and a PNG plot next to it.
+Writes results/netbench.json (or --out) and a PNG plot next to it.
 """
 
 from __future__ import annotations
@@ -541,7 +541,7 @@ def main() -> int:
     action="store_true",
     help="set net.ipv4.tcp_slow_start_after_idle=0 in every host namespace",
   )
-  ap.add_argument("--out", default=os.path.join(benchlib.DOCS, "netbench.json"))
+  ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "netbench.json"))
   ap.add_argument(
     "--replot", metavar="JSON", help="only print the tables and redraw the plot of a saved run"
   )

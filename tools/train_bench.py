@@ -57,7 +57,7 @@ Measured per mesh and scheme: the train loss of every step; the held-out loss (m
 schemes, so it compares the trained parameters) every --eval-every steps and at the end;
 median seconds per step (the call and fetching the loss; the first call, which compiles,
 is reported apart); wire bytes one rank sends per step by collective kind, counted by
-tools/wire_bytes.py (ring model, logical bytes in the program's element types) on the
+equarx_pass/wire_bytes.py (ring model, logical bytes in the program's element types) on the
 per-device program after SPMD partitioning: the module equarx_pass.jit's lower() returns
 for a scheme (the rewritten per-device program inside the rebuilt module), and for plain
 jax.jit the same route with --equarx_identity (every all-reduce kept native: the program
@@ -66,7 +66,7 @@ bytes; XLA:CPU turns none of fsdp's gradient all-reduces into reduce-scatters. A
 every step, whether each replicated array of the train state (parameters, adamw moments)
 holds the same bits on every device that has a copy.
 
-Prints a table and writes docs/train_bench.json (or --out) and a PNG of the loss curves
+Prints a table and writes results/train_bench.json (or --out) and a PNG of the loss curves
 (one panel per mesh, a line per scheme) next to it. A benchmark, not a test: nothing is
 asserted, timings move with the machine's load.
 """
@@ -635,7 +635,7 @@ def main(argv=None) -> int:
   ap.add_argument("--smooth", type=int, default=10, help="plot: train loss mean over N steps")
   ap.add_argument("--print-report", action="store_true", help="print each scheme's site table")
   ap.add_argument(
-    "--out", help="JSON to write (default docs/train_bench.json; with --quick, a temp file)"
+    "--out", help="JSON to write (default results/train_bench.json; with --quick, a temp file)"
   )
   ap.add_argument("--quick", action="store_true", help="a smoke test: 20 steps, 2 eval batches")
   ap.add_argument("--replot", metavar="JSON", help="only draw the PNG of an earlier run's JSON")
@@ -647,7 +647,7 @@ def main(argv=None) -> int:
   if opts.out is None:  # a smoke test never replaces the published results
     import tempfile
 
-    folder = tempfile.gettempdir() if opts.quick else benchlib.DOCS
+    folder = tempfile.gettempdir() if opts.quick else benchlib.RESULTS
     opts.out = os.path.join(folder, "train_bench_quick.json" if opts.quick else "train_bench.json")
   opts.mlp = opts.mlp or 4 * opts.emb
   if "dp_tp" in opts.meshes and opts.heads % 4:
@@ -669,7 +669,7 @@ def main(argv=None) -> int:
   from jax.sharding import PartitionSpec as P
 
   import equarx_pass
-  import wire_bytes
+  from equarx_pass import wire_bytes
 
   start = time.perf_counter()
   schemes, missing = benchlib.split_schemes(

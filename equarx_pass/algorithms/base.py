@@ -36,7 +36,7 @@ class Algorithm:
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """Bytes one rank sends for a site of `layout`: what the report prices and
-    tools/wire_bytes.py counts from the emitted collectives."""
+    equarx_pass/wire_bytes.py counts from the emitted collectives."""
     raise NotImplementedError
 
   def reference(

@@ -293,7 +293,7 @@ def emit_ring_step(payload: ir.Value, local: ir.Value, block: int, fmt: Format) 
 
   payload: int8 [1, P] as received; local: f32 [1, C], this rank's chunk.
   Returns the int8 [1, P] payload the next permute sends: the reduce-scatter step's
-  own ops (FlatCodec.accumulate, quantize_parts); tools/bench_gpu_step.py times them alone.
+  own ops (FlatCodec.accumulate, quantize_parts); ring_step.py compiles them alone.
   """
   codec = FlatCodec(Emitter(), fmt, block)
   return codec.quantize_parts(codec.accumulate(payload, codec.block_parts(local)))

@@ -221,17 +221,18 @@ def calibrate(
 ) -> calibration.Calibration:
   """Run `fn` on every batch and write the calibration file for its all-reduces.
 
-  fn: what you will pass to equarx_pass.jit (a function, or an equarx_pass.jit
-    object, whose policy and jax.jit arguments are then used); jit_kwargs go to
+  - `fn`: what you will pass to equarx_pass.jit (a function, or an equarx_pass.jit
+    object, whose policy and jax.jit arguments are then used); `jit_kwargs` go to
     jax.jit as there.  The module is lowered the same way, so the site keys match.
-  calibration_batches: each a tuple of positional arguments (or one argument, or
+  - `calibration_batches`: each a tuple of positional arguments (or one argument, or
     (args, kwargs)).  Batches may differ in their leading dimensions (one
     observation program per input signature); a site's statistics are per
     feature (last dimension), so they apply to every number of rows.
-  path: the file to write; default the policy's --equarx_calibration.
-  policy / flags: which all-reduces to observe (the ones the policy would rewrite,
-    --equarx_enable implied; default $EQUARX_FLAGS).
-  ema: decay of the moving average: range = ema * range + (1 - ema) * batch range.
+  - `path`: the file to write; default the policy's --equarx_calibration.
+  - `policy` / `flags`: which all-reduces to observe (the ones the policy would
+    rewrite, --equarx_enable implied; default $EQUARX_FLAGS).
+  - `ema`: decay of the moving average: range = ema * range + (1 - ema) * batch range.
+
   Returns the Calibration it wrote.
   """
   from equarx_pass.jit import Jitted, resolve_policy

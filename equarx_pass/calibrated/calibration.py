@@ -1,5 +1,6 @@
 """The calibration file: per all-reduce site, the ranges the calibrated scheme's
-static scales come from.  No MLIR here (observe.py writes it, rewrite.py reads it).
+static scales come from.  This module builds no MLIR (calibrate.py writes the file,
+rewrite.py reads it through `load_cached`).
 
 JSON, one object:
   {"format": "equarx-calibration", "version": 1, "ema": 0.9, "batches": 8,

@@ -1,7 +1,7 @@
 """The calibrated outlier-feature all-reduce: layout, scales and NumPy model.
 
-This module uses no MLIR: outlier_emit.py emits these operations in this order, and `reference` is
-the model the rewritten program equals bit for bit on XLA:CPU.
+This module builds no MLIR: outlier_emit.py emits these operations in this order, and
+`reference` is the model the rewritten program equals bit for bit on XLA:CPU.
 
 A site's operand is seen as a matrix [M, H]: M rows (every dimension but the
 last, flattened) of H features (the last dimension).  A calibration run

@@ -1,7 +1,7 @@
 """Fuzz the pass's input handling with mutated fixtures.
 
-    python tools/fuzz.py --cases 1000 [--seed 0] [--jobs 2] [--cli 30] [--save DIR]
-    python tools/fuzz.py --seed 0 --only 123 --save DIR    # write out one case
+    python tests/fuzz.py --cases 1000 [--seed 0] [--jobs 2] [--cli 30] [--save DIR]
+    python tests/fuzz.py --seed 0 --only 123 --save DIR    # write out one case
 
 Every case is a module from hlo_fixtures/ (MLIR text, the same as MLIR bytecode
 or a jax.export portable artifact, or XLA HLO text) with one to three random
@@ -75,7 +75,6 @@ class Result:
 
 def base_inputs() -> list[tuple[str, bytes]]:
   """Every fixture as it is, and each MLIR fixture as bytecode and as a portable artifact."""
-  sys.path.insert(0, ROOT)
   from equarx_pass import parse
   import io
   from jax.extend import mlir as jax_mlir
@@ -323,7 +322,6 @@ def run_one(case_path: str) -> dict:
 
 def worker_main() -> None:
   """Read case paths from stdin, answer one JSON line each."""
-  sys.path.insert(0, ROOT)
   import equarx_pass  # noqa: F401 -- import before the first case, not during it
 
   for line in sys.stdin:
@@ -471,7 +469,7 @@ def run_cli(case: Case, workdir: str) -> str | None:
   argv = [sys.executable, "-m", "equarx_pass.cli", src, "-o", out, *case.flags.split()]
   try:
     proc = subprocess.run(
-      argv, capture_output=True, text=True, env=_worker_env(), timeout=600, cwd=ROOT
+      argv, capture_output=True, text=True, env=_worker_env(), timeout=600, cwd=workdir
     )
   except subprocess.TimeoutExpired:
     return "equarx-opt did not finish in 600 s"

@@ -2,7 +2,7 @@
 """Cut test modules written by XLA's, StableHLO's and Shardy's developers out of
 their repositories, for tests/test_foreign_corpus.py.
 
-    python tools/cut_foreign_modules.py \\
+    python tests/cut_foreign_modules.py \\
         --source openxla/xla=/work/.mirror/ROCm+xla/repo@refs/heads/main \\
         --source openxla/stablehlo=/work/.mirror/openxla+stablehlo/repo@HEAD \\
         --source openxla/shardy=/work/.mirror/openxla+shardy/repo@HEAD \\
@@ -712,8 +712,8 @@ def main(argv=None) -> int:
       tally[f"kept all-reduce sites: {k}"] += n
   doc = {
     "how": (
-      "cut by tools/cut_foreign_modules.py; regenerate with: python "
-      "tools/cut_foreign_modules.py "
+      "cut by tests/cut_foreign_modules.py; regenerate with: python "
+      "tests/cut_foreign_modules.py "
       + " ".join(f"--source {s}" for s in args.source)
       + f" --out {args.out}"
     ),
