@@ -49,10 +49,11 @@ class LinkClass:
 #   least two links of a chip (both directions of a bidirectional ring), so twice that.
 #   DCN: a v5e pod's 6.4 Tbit/s over 256 chips, 25 Gbit/s = 3.1 GB/s per chip; v5p 50 Gbit/s
 #   per chip.  v4 and v6e publish no per-chip DCN figure: v5e's is used.
+# Longest prefix first: v5p's device kind is "TPU v5", v5e's "TPU v5 lite".
 TPU_LINKS = {
   "TPU v5 lite": (LinkClass("ici", 90.0, 1e-6), LinkClass("dcn", 3.125, 2e-5)),
-  "TPU v5p": (LinkClass("ici", 180.0, 1e-6), LinkClass("dcn", 6.25, 2e-5)),
   "TPU v6 lite": (LinkClass("ici", 180.0, 1e-6), LinkClass("dcn", 3.125, 2e-5)),
+  "TPU v5": (LinkClass("ici", 180.0, 1e-6), LinkClass("dcn", 6.25, 2e-5)),
   "TPU v4": (LinkClass("ici", 90.0, 1e-6), LinkClass("dcn", 3.125, 2e-5)),
 }
 # H100: NVLink 4 ~450 GB/s per GPU one way; one 400 Gbit/s InfiniBand NIC per GPU, 50 GB/s.

@@ -167,6 +167,8 @@ def test_topology_of_devices():
   one = topology.from_devices([Device(0)] * 4, "cpu")
   assert one.domains == (0, 1, 2, 3) and one.slow.name == "network"
   assert topology.from_devices(tpu, "tpu", slow_bandwidth=50).slow.gbytes_per_s == 50
+  v5p = topology.from_devices([Device(0, 0, "TPU v5")], "tpu")  # v5p's device kind
+  assert (v5p.fast.gbytes_per_s, v5p.slow.gbytes_per_s) == (180.0, 6.25)
   levels = topology.split_groups([(0, 1, 2, 3)], t)
   assert levels.inner == ((0, 1), (2, 3)) and levels.outer == ((0, 2), (1, 3))
   assert topology.split_groups([(0, 1)], t) == "inside one fast domain"

@@ -52,7 +52,9 @@ def hybrid_mesh(topology: str, slices: int):
   return Mesh(np.asarray(devices), ("dcn", "ici")), per_slice
 
 
-def measure(topology: str, slices: int, axes: tuple[str, ...], dtype: str, size: int) -> list:
+def measure(
+  topology: str, slices: int, axes: tuple[str, ...], dtype: str, size: int, variants=VARIANTS
+) -> list:
   import jax
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
@@ -71,7 +73,7 @@ def measure(topology: str, slices: int, axes: tuple[str, ...], dtype: str, size:
   )
   rows = []
   native_s = None
-  for name, flags in VARIANTS.items():
+  for name, flags in variants.items():
     fn = jax.jit(psum) if flags is None else equarx_pass.jit(psum, flags=flags)
     start = time.perf_counter()
     compiled = fn.lower(arg).compile()
@@ -115,6 +117,13 @@ def main() -> int:
   parser.add_argument("--axes", nargs="+", default=["dcn,ici", "dcn", "ici"])
   parser.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
   parser.add_argument("--sizes", nargs="+", default=["1M", "16M"])
+  parser.add_argument(
+    "--variants",
+    nargs="+",
+    choices=list(VARIANTS)[1:],
+    default=list(VARIANTS)[1:],
+    help="besides native (always measured, the reference)",
+  )
   parser.add_argument("--out", default=os.path.join(benchlib.RESULTS, "multislice.json"))
   args = parser.parse_args()
 
