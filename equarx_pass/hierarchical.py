@@ -125,6 +125,45 @@ def reduce_scatter(
   return op.result
 
 
+def domain_piece(
+  em: Emitter,
+  x: ir.Value,
+  groups: Sequence[Sequence[int]],
+  device_kind: DeviceKind,
+  channels: ChannelAllocator,
+  num_devices: int,
+  by_all_reduce: bool,
+) -> ir.Value:
+  """This member's piece of the sum of 1-D x over its group (member j: piece j): a native
+  reduce-scatter, or with `by_all_reduce` a native all-reduce and the slice of the piece.
+
+  Why the second: XLA:CPU's reduce-scatter in a program of several processes (gloo) gave
+  different results from call to call (4 processes of 2 devices, a psum_scatter over a
+  process's own 2 devices: 3 of 4 processes saw another result in 1 to 3 of 8 calls),
+  where its all-reduce and all-gather gave the same bits every time.  The all-reduce sums
+  in member order, as the reduce-scatter does in one process: the same bits there.
+  """
+  if not by_all_reduce:
+    return reduce_scatter(em, x, groups, device_kind, channels)
+  (size,) = shape_of(x)
+  k = len(groups[0])
+  element_type = ir.RankedTensorType(x.type).element_type
+  kwargs = _collective_args(device_kind, channels, gather=True)
+  op = hlo.AllReduceOp([x.type], [x], em.groups_attr(groups), **kwargs)
+  scalar = tensor((), element_type)
+  block = op.computation.blocks.append(scalar, scalar)
+  with ir.InsertionPoint(block):
+    hlo.ReturnOp([hlo.AddOp(block.arguments[0], block.arguments[1]).result])
+  position = np.full(num_devices, 0, np.int32)
+  for group in groups:
+    for j, member in enumerate(group):
+      position[member] = j * (size // k)
+  index = (hlo.PartitionIdOp() if device_kind == "partition" else hlo.ReplicaIdOp()).result
+  device = em.reshape(em.convert(index, em.i32), (1,))
+  start = em.dynamic_slice(em.const(position, em.i32), [em.reshape(device, ())], [1])
+  return em.dynamic_slice(op.results[0], [em.reshape(start, ())], [size // k])
+
+
 def all_gather(
   em: Emitter,
   x: ir.Value,
@@ -150,10 +189,13 @@ def emit(
   device_kind: DeviceKind,
   channels: ChannelAllocator,
   cross: Callable[[ir.Value], ir.Value],
+  num_devices: int = 0,
+  by_all_reduce: bool = False,
 ) -> list[ir.Value]:
   """The hierarchical all-reduce at the current insertion point; one value per operand,
   its type.  `cross(piece)` emits the quantized all-reduce of a member's piece (1-D,
-  the operands' common type) among `levels.outer` and returns it, the same type."""
+  the operands' common type) among `levels.outer` and returns it, the same type.
+  `by_all_reduce`: the pieces inside a domain from an all-reduce (domain_piece)."""
   em = Emitter()
   types = [ir.RankedTensorType(v.type) for v in operands]
   entry = narrow_float(types) or em.f32
@@ -161,7 +203,7 @@ def emit(
   k = levels.per_domain
   c = piece_size(total, k)
   x = em.flat_padded(operands, entry, k * c)
-  piece = reduce_scatter(em, x, levels.inner, device_kind, channels)
+  piece = domain_piece(em, x, levels.inner, device_kind, channels, num_devices, by_all_reduce)
   piece = cross(piece)
   whole = all_gather(em, piece, levels.inner, device_kind, channels)
   return em.unflatten_like(whole, types)
@@ -231,16 +273,18 @@ def emit_reduce_scatter(
   device_kind: DeviceKind,
   channels: ChannelAllocator,
   cross: Callable[[ir.Value, ir.RankedTensorType], ir.Value],
+  num_devices: int = 0,
+  by_all_reduce: bool = False,
 ) -> list[ir.Value]:
   """The hierarchical reduce-scatter of `operand` along `dimension`.  `cross(part, type)`
   emits the quantized reduce-scatter of a member's part (its S pieces along dimension 0)
-  among `levels.outer`, returning the piece of `type`."""
+  among `levels.outer`, returning the piece of `type`; `by_all_reduce` as for emit."""
   em = Emitter()
   k, domains = levels.per_domain, levels.domains
   x = _reorder_rows(em, _moved(operand, dimension), order)
   shape = shape_of(x)
   flat = em.reshape(x, (int(np.prod(shape, dtype=np.int64)),))
-  part = reduce_scatter(em, flat, levels.inner, device_kind, channels)
+  part = domain_piece(em, flat, levels.inner, device_kind, channels, num_devices, by_all_reduce)
   piece_shape = (shape[0] // (k * domains),) + shape[1:]
   part = em.reshape(part, (domains * piece_shape[0],) + shape[1:])
   element = ir.RankedTensorType(operand.type).element_type
@@ -257,6 +301,8 @@ def emit_all_gather(
   device_kind: DeviceKind,
   channels: ChannelAllocator,
   cross: Callable[[ir.Value, ir.RankedTensorType], ir.Value],
+  num_devices: int = 0,
+  by_all_reduce: bool = False,
 ) -> list[ir.Value]:
   """The hierarchical all-gather of `operand` along `dimension`.  `cross(piece, type)`
   emits the quantized all-gather of a member's piece among `levels.outer`, returning the

@@ -169,11 +169,16 @@ def _with_native_traffic(skip: Skip, topology: Topology) -> Skip:
 
 def _loses(route: Route, prediction: cost.Prediction, topology: Topology) -> str | None:
   """Why the rewrite would not pay, or None."""
-  before, after = route.native.total, route.rewritten.total
+  # Where the native collective crosses slow links, those are the bytes to save (a
+  # hierarchical rewrite may add some on the fast ones); else all of them.
+  slow = route.native.slow > 0
+  before = route.native.slow if slow else route.native.total
+  after = route.rewritten.slow if slow else route.rewritten.total
   if after >= before:
+    where = " across domains" if slow else ""
     return (
-      f"sends {after / before:.2f}x the native bytes (padding to whole blocks): left "
-      "native (--equarx_force rewrites it)"
+      f"sends {after / before:.2f}x the native bytes{where} (padding to whole blocks): "
+      "left native (--equarx_force rewrites it)"
     )
   if prediction.speedup > 1:
     return None

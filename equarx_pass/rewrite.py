@@ -316,6 +316,8 @@ def _replace(
       site.device_kind,
       channels,
       cross_pieces,
+      site.num_devices,
+      target == "cpu",
     )
     what = f"the hierarchical {site.kind}"
   elif cand.route is not None and cand.route.name == "hierarchical":
@@ -332,6 +334,9 @@ def _replace(
       device_kind=site.device_kind,
       channels=channels,
       cross=cross,
+      num_devices=site.num_devices,
+      # On CPU the pieces inside a domain come from an all-reduce (domain_piece says why).
+      by_all_reduce=target == "cpu",
     )
     what = f"the hierarchical {scheme.algorithm} all-reduce"
   elif site.kind == "all_reduce":

@@ -155,3 +155,65 @@ def test_two_processes_give_identical_bits(tmp_path):
         assert np.array_equal(got[0].view(np.uint32), model[0].view(np.uint32)), (
           f"{name} psum over {axes}: differs from the model"
         )
+
+
+REPEAT_CHILD = r"""
+import hashlib, json, sys
+process_id, processes, per_process, port = (int(a) for a in sys.argv[1:5])
+import jax, numpy as np
+jax.config.update("jax_num_cpu_devices", per_process)
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=processes, process_id=process_id,
+                           initialization_timeout=120)
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import equarx_pass
+devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+mesh = Mesh(np.array(devices).reshape(processes, per_process), ("a", "b"))
+spec = P(("a", "b"))
+n, size = processes * per_process, 1 << 22
+local = [d for d in devices if d.process_index == process_id]
+values = lambda i: np.random.default_rng([7, i]).standard_normal(size).astype(np.float32)
+x = jax.make_array_from_single_device_arrays(
+  (n, size), NamedSharding(mesh, spec),
+  [jax.device_put(values(process_id * per_process + j)[None], d) for j, d in enumerate(local)])
+fn = jax.shard_map(lambda v: jax.lax.psum(v, ("a", "b")), mesh=mesh, in_specs=spec, out_specs=spec)
+w = equarx_pass.jit(fn, flags="--equarx_enable")
+digests = [hashlib.sha256(b"".join(np.asarray(s.data).tobytes() for s in w(x).addressable_shards)
+                          ).hexdigest()[:16] for _ in range(8)]
+print(json.dumps({"digests": digests, "route": w.report.records[0].route}), flush=True)
+jax.distributed.shutdown()
+"""
+
+
+def test_hierarchical_route_gives_the_same_bits_every_call():
+  """4 processes of 2 CPU devices: the psum over all 8 is hierarchical (the processes are
+  the fast domains), and every call gives the same bits on every device.  (XLA:CPU's own
+  reduce-scatter inside a process of such a program gave other results from call to call;
+  the pieces inside a domain come from an all-reduce instead: hierarchical.domain_piece.)"""
+  env = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("XLA_FLAGS", None)
+  env.pop("EQUARX_FLAGS", None)
+  port = free_port()
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", REPEAT_CHILD, str(i), "4", "2", str(port)],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      env=env,
+    )
+    for i in range(4)
+  ]
+  try:
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  results = []
+  for i, p in enumerate(procs):
+    assert p.returncode == 0, f"process {i} failed ({p.returncode}):\n{logs[i][-3000:]}"
+    results.append(json.loads(logs[i].strip().splitlines()[-1]))
+  assert {r["route"] for r in results} == {"hierarchical"}
+  for r in results:
+    assert len(set(r["digests"])) == 1, r["digests"]

@@ -303,10 +303,10 @@ def test_padding_that_costs_bytes_is_left_native_unless_forced():
   grid = "--equarx_enable --equarx_block_layout=grid"
   (record,) = transform("tp_mlp_f32.mlir", grid).records
   assert record.decision == "skipped"
-  assert record.reason.startswith("sends 8.25x the native bytes (padding to whole blocks)")
+  assert record.reason.startswith("sends 8.25x the native bytes across domains (padding to")
   (forced,) = transform("tp_mlp_f32.mlir", grid + " --equarx_force").records
   assert forced.rewritten and forced.bytes_after > forced.bytes_before
-  assert "; sends 8.25x the native bytes" in forced.reason
+  assert "; sends 8.25x the native bytes across domains" in forced.reason
   plain = transform("tp_mlp_f32.mlir", "--equarx_enable").records[0]
   assert "sends" not in plain.reason and plain.bytes_after < plain.bytes_before
 
