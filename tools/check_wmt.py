@@ -27,8 +27,10 @@ What it does, the way the example's train.py does it:
     attention heads, MLP hidden units and the vocabulary over "model", the batch over
     "data"), "tp8" 1 x 8 (the same rules, all devices on "model");
   * the lowered route: the unchanged pmap-style train_step under jax.shard_map over a mesh
-    ("batch",) of 8 (state replicated, batch and per-device dropout keys split), as
-    jax.pmap runs it: its pmean/psum are the all-reduces.
+    ("batch",) of 8 (state replicated, batch and per-device dropout keys split), with
+    shard_map's defaults: autodiff returns the gradient of each use of a replicated
+    parameter through a psum of its own (a parameter used three times, such as wmt's
+    shared embedding, gets the sum of three), then the step's pmean and psum run.
 Runs, each under jax.jit and equarx_pass.jit(--flags --equarx_identity): one step's
 gradients (the state's optimizer is a transformation that keeps the gradients as its
 state, so the step returns them exactly), compared leaf by leaf with the step's loss; and
