@@ -588,7 +588,8 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
     if reason:
       return Skip(site, reason)
   assert site.groups is not None  # _check_supported_groups skips sites without
-  if site.kind == "all_reduce" and "reduce_scatter" in policy.ops and not policy.identity:
+  # Under --equarx_identity too: identity takes this route and emits a native reduce-scatter.
+  if site.kind == "all_reduce" and "reduce_scatter" in policy.ops:
     piece = own_piece_slice(op, site)
     if piece is not None:
       dimension, slice_op = piece
@@ -639,46 +640,105 @@ def own_piece_slice(op: ir.Operation, site: Site) -> tuple[int, ir.Operation] | 
   return dimension, slice_op
 
 
-def _source_op(value: ir.Value) -> ir.Operation | None:
-  """The op that defines `value`, looking through reshapes and converts; None for a block
-  argument."""
-  owner = value.owner
-  while isinstance(owner, (ir.OpView, ir.Operation)):
-    op = owner.operation
-    if op.name not in ("stablehlo.reshape", "stablehlo.convert"):
-      return op
-    owner = op.operands[0].owner
-  return None
+# Integer arithmetic on the device id that XLA's simplifier writes in place of a table
+# lookup (a table 0, k, 2k, ... indexed by the partition id becomes id * k).
+_INT_BINARY: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+  "stablehlo.add": np.add,
+  "stablehlo.subtract": np.subtract,
+  "stablehlo.multiply": np.multiply,
+  "stablehlo.minimum": np.minimum,
+  "stablehlo.maximum": np.maximum,
+}
+_MAX_EXPRESSION_DEPTH = 32
 
 
 def _per_device_values(value: ir.Value, num_devices: int, device_kind: str) -> list[int] | None:
-  """An i32 scalar's value on each device, where it is a constant or a constant table
-  indexed by the partition (or replica) id, through reshapes and converts; else None."""
-  op = _source_op(value)
-  if op is None:
-    return None
-  if op.name == "stablehlo.constant":
-    attr = op.attributes["value"]
-    if not isinstance(attr, ir.DenseIntElementsAttr) or not attr.is_splat:
-      return None
-    return [ir.IntegerAttr(attr.get_splat_value()).value] * num_devices
-  if op.name != "stablehlo.dynamic_slice" or len(op.operands) != 2:
-    return None
-  index = _source_op(op.operands[1])
+  """An integer scalar's value on each device, where it is computed from constants and the
+  partition (or replica) id by reshapes, converts, integer arithmetic and lookups in
+  constant tables; else None."""
   want = "stablehlo.partition_id" if device_kind == "partition" else "stablehlo.replica_id"
-  table_op = op.operands[0].owner  # the table itself, not a reshape or convert of it
-  if index is None or index.name != want or not isinstance(table_op, (ir.OpView, ir.Operation)):
+  ids = np.arange(num_devices, dtype=np.int64)
+  values = _evaluate(value, ids, want, 0)
+  return None if values is None else [int(v) for v in values]
+
+
+def _integer_scalar_type(value: ir.Value) -> ir.IntegerType | None:
+  """The element type of a one-element integer tensor, else None."""
+  if not isinstance(value.type, ir.RankedTensorType):
     return None
-  table_op = table_op.operation
-  if table_op.name != "stablehlo.constant":
+  t = ir.RankedTensorType(value.type)
+  if not t.has_static_shape or int(np.prod(t.shape, dtype=np.int64)) != 1:
     return None
-  table_attr = table_op.attributes["value"]
-  if not isinstance(table_attr, ir.DenseIntElementsAttr):
+  if not isinstance(t.element_type, ir.IntegerType):
     return None
-  table = [int(v) for v in table_attr]  # type: ignore[attr-defined]
-  if len(table) < num_devices:
+  return ir.IntegerType(t.element_type)
+
+
+def _evaluate(value: ir.Value, ids: np.ndarray, id_op: str, depth: int) -> np.ndarray | None:
+  """The value on each device (one entry per id), or None where it is not a known
+  function of the device id.  Results outside their integer type are refused rather
+  than wrapped."""
+  element = _integer_scalar_type(value)
+  owner = value.owner
+  if element is None or depth > _MAX_EXPRESSION_DEPTH:
     return None
-  return table[:num_devices]
+  if not isinstance(owner, (ir.OpView, ir.Operation)):
+    return None  # a block argument: not known here
+  op = owner.operation
+  operands = list(op.operands)
+
+  def arg(i):
+    return _evaluate(operands[i], ids, id_op, depth + 1)
+
+  result: np.ndarray | None = None
+  if op.name == id_op:
+    result = ids.copy()
+  elif op.name == "stablehlo.constant":
+    attr = op.attributes["value"]
+    if isinstance(attr, ir.DenseIntElementsAttr) and attr.is_splat:
+      result = np.full(ids.shape, ir.IntegerAttr(attr.get_splat_value()).value, np.int64)
+  elif op.name in ("stablehlo.reshape", "stablehlo.convert"):
+    result = arg(0)
+  elif op.name in _INT_BINARY and len(operands) == 2:
+    a, b = arg(0), arg(1)
+    if a is not None and b is not None:
+      result = _INT_BINARY[op.name](a, b)
+  elif op.name in ("stablehlo.divide", "stablehlo.remainder") and len(operands) == 2:
+    a, b = arg(0), arg(1)
+    if a is not None and b is not None and np.all(b != 0):
+      quotient = np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))  # truncated, as XLA
+      result = quotient if op.name == "stablehlo.divide" else a - b * quotient
+  elif op.name == "stablehlo.clamp" and len(operands) == 3:
+    low, x, high = arg(0), arg(1), arg(2)
+    if low is not None and x is not None and high is not None:
+      result = np.minimum(np.maximum(x, low), high)
+  elif op.name == "stablehlo.dynamic_slice" and len(operands) == 2:
+    result = _table_lookup(operands[0], arg(1))
+  if result is None:
+    return None
+  width = element.width
+  low_bound, high_bound = (
+    (0, 2**width - 1) if element.is_unsigned else (-(2 ** (width - 1)), 2 ** (width - 1) - 1)
+  )
+  if element.width > 1 and (result.min() < low_bound or result.max() > high_bound):
+    return None
+  return result
+
+
+def _table_lookup(table: ir.Value, index: np.ndarray | None) -> np.ndarray | None:
+  """dynamic_slice of one entry of a 1-D constant table at `index` (clamped into the
+  table, as dynamic_slice clamps its start)."""
+  owner = table.owner
+  if index is None or not isinstance(owner, (ir.OpView, ir.Operation)):
+    return None
+  op = owner.operation
+  if op.name != "stablehlo.constant":
+    return None
+  attr = op.attributes["value"]
+  if not isinstance(attr, ir.DenseIntElementsAttr) or len(ir.ShapedType(attr.type).shape) != 1:
+    return None
+  entries = np.array([int(v) for v in attr], np.int64)  # type: ignore[attr-defined]
+  return entries[np.clip(index, 0, len(entries) - 1)]
 
 
 def channel_id(op: ir.Operation) -> int:

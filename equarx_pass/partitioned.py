@@ -4,10 +4,11 @@ A `jax.jit` program sharded with NamedSharding has no all-reduce in its lowered
 StableHLO: the partitioner (Shardy, then XLA's SPMD partitioner) adds them while
 compiling.  This module gets them:
 
-1. compile the original lowering once, with XLA dumping the module right after
-   its `spmd-partitioning` pass into a temporary directory (as a proto: lossless):
-   the per-device program, with the all-reduces, before any fusion or layout
-   assignment;
+1. compile the original lowering once, with XLA dumping the module into a
+   temporary directory (as a proto: lossless) after its `spmd-partitioning` pass and,
+   on XLA:CPU, after the `simplification` pipeline that follows it: the per-device
+   program, with the all-reduces, before any fusion or layout assignment (why the
+   later of the two: `_pick_dump`);
 2. convert that HLO module to StableHLO, rewrite its all-reduces (rewrite.py);
 3. build a module that keeps the original `main` signature (global shapes, the
    shardings of the first compile, donation) and whose body is one
@@ -44,9 +45,11 @@ from equarx_pass.errors import RewriteError
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import RewriteResult, copy_module, rewrite_module, verify
 
-# XLA dumps the module after every pass whose name matches; this one is the
-# SPMD partitioner proper (the pass that inserts the collectives).
+# XLA dumps the module after every pass whose name matches: the SPMD partitioner proper
+# (the pass that inserts the collectives), and the algebraic simplification pipeline
+# that XLA:CPU runs to a fixed point after it (_pick_dump says why).
 PARTITION_PASS = "spmd-partitioning"
+SIMPLIFICATION_PASS = "simplification"
 # Symbol of the per-device program inside the rebuilt module.
 PER_DEVICE_MAIN = "equarx_per_device_main"
 PER_DEVICE_PREFIX = "equarx_per_device_"
@@ -107,35 +110,64 @@ def count_compiled_all_reduces(compiled) -> int:
 
 def _compile_and_dump(lowered):
   """Compile `lowered` (a fresh executable) and return it with the partitioned program,
-  a serialized HloModuleProto.
+  a serialized HloModuleProto (_pick_dump says which point of XLA's pipeline).
 
   The dump is XLA's binary proto, not its text: the text elides constants of more
   than 10 elements (`constant({...})`), which then parse back as garbage, and it
   rounds nothing else but is still a printed form.  The proto is the module itself.
   """
+  platform = _jax_private.lowered_platform(lowered)
+  passes = [PARTITION_PASS] + ([SIMPLIFICATION_PASS] if platform == "cpu" else [])
   with tempfile.TemporaryDirectory(prefix="equarx_spmd_") as tmp:
     # rgv3_materialization off: XLA then writes the collectives' groups as device lists
     # (iota or explicit), which the conversion to StableHLO keeps; in its mesh-axes form
     # the conversion drops each collective's device order (see mesh_device_ids).
     options = {
       "xla_dump_to": tmp,
-      "xla_dump_hlo_pass_re": PARTITION_PASS,
+      "xla_dump_hlo_pass_re": f"^({'|'.join(passes)})$",
       "xla_dump_hlo_as_proto": True,
       "xla_dump_hlo_as_text": False,
       "xla_enable_rgv3_materialization": False,
     }
     compiled = lowered.compile(compiler_options=options)
-    # module_NNNN.jit_f.NNNN.spmd-partitioner.after_spmd-partitioning.before_X.hlo.pb
-    names = sorted(
-      n for n in os.listdir(tmp) if f"after_{PARTITION_PASS}." in n and n.endswith(".hlo.pb")
-    )
-    if not names:
-      raise NotPartitionable(
-        f"XLA ran no {PARTITION_PASS} pass (a single-device program, or a compile "
-        "cache hit); nothing to rewrite"
-      )
-    with open(os.path.join(tmp, names[-1]), "rb") as f:
+    with open(os.path.join(tmp, _pick_dump(os.listdir(tmp), platform)), "rb") as f:
       return compiled, hlo_module_of_dump(f.read())
+
+
+# module_0001.jit_f.0007.HLO_passes_through_layout_assignment.after_simplification.before_X.hlo.pb
+_DUMP_NAME = re.compile(r"^module_\d+\..*\.(\d+)\.[\w-]+\.after_([\w-]+)\.before_[\w-]+\.hlo\.pb$")
+
+
+def _pick_dump(names: list[str], platform: str) -> str:
+  """The dump to rewrite: on XLA:CPU the module after the first `simplification`
+  pipeline that follows SPMD partitioning, else (or where XLA ran none) the module
+  right after partitioning.
+
+  Why not always right after partitioning: the rebuilt module reaches XLA through the
+  StableHLO -> HLO translation, which folds what the partitioner leaves (identity
+  broadcasts, reshape chains), so XLA's algebraic simplifier starts from another program
+  than it did in the first compile and can rewrite an op differently (flax's wmt train
+  step: softmax's divide by the broadcast row sum kept as a divide, where plain jax.jit
+  multiplies by the reciprocal; gradients one ulp off, 1.8e-07 relative).  After the
+  simplification pipeline, which XLA runs to a fixed point, the program has no such
+  patterns left and the second compile's passes find it as the first compile left it.
+  Measured on XLA:CPU only; other backends keep the module right after partitioning.
+  """
+  steps: dict[str, list[tuple[int, str]]] = {PARTITION_PASS: [], SIMPLIFICATION_PASS: []}
+  for name in names:
+    m = _DUMP_NAME.match(name)
+    if m and m.group(2) in steps:
+      steps[m.group(2)].append((int(m.group(1)), name))
+  if not steps[PARTITION_PASS]:
+    raise NotPartitionable(
+      f"XLA ran no {PARTITION_PASS} pass (a single-device program, or a compile "
+      "cache hit); nothing to rewrite"
+    )
+  partitioned_at, partitioned_name = max(steps[PARTITION_PASS])
+  later = sorted(s for s in steps[SIMPLIFICATION_PASS] if s[0] > partitioned_at)
+  if platform == "cpu" and later:
+    return later[0][1]
+  return partitioned_name
 
 
 def hlo_module_of_dump(data: bytes) -> bytes:

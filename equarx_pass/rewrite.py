@@ -99,10 +99,12 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
   route: plan.Route | None = decision.route
   before = round(route.native.total) if route else _ring_bytes_before(site)
   verdict: Verdict = "rewritten"
+  sliced = isinstance(decision, match.Candidate) and decision.slice_op is not None
   if isinstance(decision, match.Skip):
     after, verdict, reason = before, "skipped", decision.reason
   elif policy.identity:
-    after, reason = before, "identity: the native all-reduce, rebuilt"
+    native = "a native reduce-scatter" if sliced else f"the native {_op_name(site.kind)}"
+    after, reason = before, f"identity: {native}, rebuilt"
   else:
     assert route is not None
     after = round(route.rewritten.total)
@@ -120,7 +122,6 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
       reason += f"; flat form ({flat_why})"
   if isinstance(decision, match.Candidate):
     reason += _promotion_note(decision.op)
-  sliced = isinstance(decision, match.Candidate) and decision.slice_op is not None
   if sliced:
     reason = f"an all-reduce and the slice of each rank's piece: {reason}"
   if site.kind != "all_reduce":
@@ -144,6 +145,11 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     prediction.speedup if prediction else None,
     route.name if route else "",
   )
+
+
+def _op_name(kind: match.Kind) -> str:
+  """all_reduce -> all-reduce: the collective as XLA and the README name it."""
+  return kind.replace("_", "-")
 
 
 def _promotion_note(op: ir.Operation) -> str:
@@ -223,8 +229,8 @@ def rewrite_module(
           # XLA:CPU may skip inline (excess precision), and the native op needs no call.
           _emit_in_place(
             cand,
-            functools.partial(_emit_native, cand.op),
-            "the native all-reduce",
+            functools.partial(_emit_native, cand),
+            f"the native {_op_name(cand.site.kind)}",
             "rerun without --equarx_identity",
             None,
           )
@@ -367,12 +373,33 @@ def _replace(
   )
 
 
-def _emit_native(op: ir.Operation, operands: list[ir.Value]) -> list[ir.Value]:
-  """--equarx_identity: a copy of the all-reduce itself, on `operands`."""
-  new = op.clone()
-  for i, value in enumerate(operands):
-    new.operands[i] = value
-  return list(new.results)
+def _emit_native(cand: match.Candidate, operands: list[ir.Value]) -> list[ir.Value]:
+  """--equarx_identity: the site's collective itself, on `operands`: a copy of the op; for
+  an all-reduce and the slice of each rank's piece (taken as a reduce-scatter), one native
+  reduce-scatter over the recognised dimension and the all-reduce's groups, so that a
+  recognition that named the wrong pieces gives other results than plain jax.jit."""
+  op = cand.op
+  if cand.slice_op is None:
+    new = op.clone()
+    for i, value in enumerate(operands):
+      new.operands[i] = value
+    return list(new.results)
+  attrs = op.attributes
+  result_type = cand.slice_op.results[0].type
+  (operand,) = operands
+  scatter = hlo.ReduceScatterOp(
+    result_type,
+    operand,
+    cand.site.dimension,
+    attrs["replica_groups"],
+    channel_handle=attrs["channel_handle"] if "channel_handle" in attrs else None,
+    use_global_device_ids=True if "use_global_device_ids" in attrs else None,
+  )
+  scalar = ir.RankedTensorType.get([], ir.RankedTensorType(result_type).element_type)
+  block = scatter.regions[0].blocks.append(scalar, scalar)
+  with ir.InsertionPoint(block):
+    hlo.ReturnOp([hlo.AddOp(block.arguments[0], block.arguments[1]).result])
+  return [scatter.result]
 
 
 def _emit_in_place(

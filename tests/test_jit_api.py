@@ -20,6 +20,7 @@ ON = (
   "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_block_size=128 "
   "--equarx_algorithm=ring --equarx_rotation=none"
 )
+FLAGS_DEFAULT = "--equarx_enable --equarx_min_bytes=0"  # the default scheme
 
 
 def psum_body(x):
@@ -404,6 +405,37 @@ def test_outlined_site_stays_a_call_on_cpu_with_the_same_bits(outline):
   entry = compiled[compiled.index("ENTRY") :]
   assert entry.count(" collective-permute(") == 14 and entry.count(" all-gather(") == 2
   assert_bits_equal(w(x), expected(x))
+
+
+def test_outline_changes_only_the_rounding_of_a_sites_last_multiply():
+  """Inline, XLA:CPU fuses a site's last multiply (codes x block scale) with an add that
+  consumes the site's result into one fused multiply-add: one rounding where the
+  outlined site, whose result is the product rounded at the call boundary, and the NumPy
+  model have two.  A site whose result is not added to is the same either way."""
+  from equarx_pass import scheme as scheme_lib
+
+  x = data(cols=4096, seed=3)
+  c = np.random.default_rng(4).standard_normal(4096).astype(np.float32)
+
+  def run(add, mode):
+    def body(x, c):
+      y = jax.lax.psum(x, "x")
+      return y + c if add else y
+
+    f = jax.shard_map(body, mesh=MESH, in_specs=(P("x"), P()), out_specs=P("x"))
+    return np.asarray(equarx_pass.jit(f, flags=f"{FLAGS_DEFAULT} --equarx_outline={mode}")(x, c))
+
+  site = scheme_lib.reference(list(x), equarx_pass.Policy.from_flags(FLAGS_DEFAULT).scheme)[0]
+  for mode in ("on", "off"):
+    assert_bits_equal(run(False, mode), np.broadcast_to(site, x.shape))
+  outlined, inline = run(True, "on"), run(True, "off")
+  assert_bits_equal(outlined, np.broadcast_to((site + c).astype(np.float32), x.shape))
+  assert np.count_nonzero(inline != outlined) > 0
+  # fma(codes, scale, c) is within half an ulp of the product (site) plus half an ulp of
+  # the sum of the exact value site + c.
+  exact = site.astype(np.float64) + c
+  bound = (np.abs(np.spacing(site)) + np.abs(np.spacing(inline[0]))).astype(np.float64) / 2
+  assert np.all(np.abs(inline.astype(np.float64) - exact) <= bound)
 
 
 def test_outline_auto_is_on_only_for_cpu():
