@@ -6,13 +6,15 @@ prediction (cost.py), or a Skip with the reason ("fast links only: rewrite predi
 0.40x").  The routes, tried in order, each a small function that returns None where it
 does not apply:
 
-  identity      --equarx_identity: the native collective, rebuilt; no prediction gate
   hierarchical  an all-reduce whose groups span fast domains evenly: native inside each
                 domain, quantized across (hierarchical.py)
   flat          the scheme over the whole group (also every reduce-scatter and all-gather,
                 and the calibrated scheme)
 
 `--equarx_force` keeps every candidate whatever the prediction; nothing else does.
+Under `--equarx_identity` a site is planned exactly as without it (the same route chosen,
+the same sites kept and skipped) and then gets the "identity" route: the native collective,
+rebuilt, sending what the native one sends.
 """
 
 from __future__ import annotations
@@ -43,15 +45,6 @@ def _operand_bytes(cand: Candidate) -> tuple[int, int]:
   site = cand.site
   sizes = [DTYPE_BYTES.get(o.dtype, 4) for o in site.operands]
   return sum(o.size * b for o, b in zip(site.operands, sizes)), max(sizes)
-
-
-def _identity(cand: Candidate, policy: Policy, topology: Topology) -> Route | None:
-  if not policy.identity:
-    return None
-  nbytes, itemsize = _operand_bytes(cand)
-  group = cand.site.groups[0] if cand.site.groups else ()
-  native = cost.native_all_reduce(group, nbytes, itemsize, topology)
-  return Route("identity", native, native, 0)
 
 
 def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route | None:
@@ -124,7 +117,6 @@ def _steps(policy: Policy, group_size: int) -> int:
 
 
 ROUTES: list[Callable[[Candidate, Policy, Topology], Route | None]] = [
-  _identity,
   _hierarchical,
   _flat,
 ]
@@ -148,11 +140,12 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   group = decision.site.groups[0] if decision.site.groups else ()
   sharing = max((len(p) for p in topology.split(group)), default=1)
   prediction = cost.predict(route.native, route.rewritten, route.quantized_bytes, topology, sharing)
-  planned = dataclasses.replace(decision, route=route, prediction=prediction)
-  if route.name == "identity" or policy.force:
-    return planned
-  reason = _loses(route, prediction, topology)
-  return Skip(decision.site, reason, route=route, prediction=prediction) if reason else planned
+  reason = None if policy.force else _loses(route, prediction, topology)
+  if reason:
+    return Skip(decision.site, reason, route=route, prediction=prediction)
+  if policy.identity:
+    route = Route("identity", route.native, route.native, 0, route.note)
+  return dataclasses.replace(decision, route=route, prediction=prediction)
 
 
 def _with_native_traffic(skip: Skip, topology: Topology) -> Skip:

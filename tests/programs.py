@@ -31,10 +31,10 @@ from jax.sharding import PartitionSpec as P
 import equarx_pass
 
 AUTO = jax.sharding.AxisType.Auto
-IDENTITY = "--equarx_enable --equarx_min_bytes=0 --equarx_identity"
 # Every all-reduce rewritten, whatever the cost model predicts (the emitted form is
-# what these programs test).
+# what these programs test), quantized or, under identity, rebuilt native.
 QUANTIZED = "--equarx_enable --equarx_min_bytes=0 --equarx_force"
+IDENTITY = QUANTIZED + " --equarx_identity"
 
 D, F, B, S = 64, 256, 16, 16  # hidden, FFN, batch (tokens), sequence
 

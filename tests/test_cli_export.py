@@ -30,7 +30,7 @@ ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
 ENV.pop("EQUARX_FLAGS", None)
 ENV.pop("XLA_FLAGS", None)  # the CLI starts as many CPU devices as an artifact names
 QUANTIZED = "--equarx_enable --equarx_min_bytes=0"
-IDENTITY = "--equarx_enable --equarx_min_bytes=0 --equarx_identity"
+IDENTITY = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_identity"
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hlo_fixtures")
 
 

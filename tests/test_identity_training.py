@@ -408,7 +408,7 @@ def test_identity_gradients_are_bit_for_bit(model, mesh, route):
 def test_identity_with_the_default_ops_on_the_fsdp_encoder_decoder():
   """The flags a user checks with: --equarx_enable --equarx_min_bytes=0 --equarx_identity."""
   step, make_args, kwargs, want = case("linen_encdec", "fsdp", "partitioned")
-  got, fn = run(step, make_args, kwargs, IDENTITY)
+  got, fn = run(step, make_args, kwargs, "--equarx_enable --equarx_min_bytes=0 --equarx_identity")
   assert fn.report.lowerings[0].route == "partitioned"
   assert {r.kind for r in fn.report.records if r.rewritten} == {"all_reduce"}
   assert_same(got, want, "linen_encdec fsdp, default ops")
@@ -419,10 +419,10 @@ def test_identity_takes_the_routes_the_quantized_run_takes(name):
   """Same sites, kinds and 'found as' as --equarx_enable on the corpus's FSDP steps (the
   partitioned route), and each reason names the route."""
   prog = CORPUS[name]
-  quantized = equarx_pass.jit(
-    prog.fn, flags=f"--equarx_enable --equarx_min_bytes=0 {ALL_OPS}", **prog.jit_kwargs
-  )
-  identity = equarx_pass.jit(prog.fn, flags=f"{IDENTITY} {ALL_OPS}", **prog.jit_kwargs)
+  # Without --equarx_force: the cost model's decisions must be the same too.
+  flags = f"--equarx_enable --equarx_min_bytes=0 {ALL_OPS}"
+  quantized = equarx_pass.jit(prog.fn, flags=flags, **prog.jit_kwargs)
+  identity = equarx_pass.jit(prog.fn, flags=f"{flags} --equarx_identity", **prog.jit_kwargs)
   quantized.lower(*prog.make_args())
   identity.lower(*prog.make_args())
 
