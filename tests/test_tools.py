@@ -4,6 +4,7 @@ Only the help texts run here, no benchmark.  tools/ is in the repository, not th
 without it the tests skip.
 """
 
+import json
 import os
 import re
 import subprocess
@@ -63,3 +64,28 @@ def test_unknown_subcommand_fails():
   proc = run_tools("no_such_tool")
   out, _ = proc.communicate(timeout=60)
   assert proc.returncode == 2 and "unknown subcommand" in out
+
+
+# The result files' envelope, as tools/README.md gives it (benchlib.write_result writes it).
+ENVELOPE = ["schema", "tool", "command", "created", "equarx_version", "jax_version", "machine"]
+
+
+def test_result_files_share_the_envelope():
+  results = os.path.join(ROOT, "results")
+  if not os.path.isdir(results):
+    pytest.skip("results/ is not in the sdist")
+  paths = [
+    os.path.join(folder, f)
+    for folder, _, files in os.walk(results)
+    for f in files
+    if f.endswith(".json")
+  ]
+  assert paths
+  for path in paths:
+    with open(path) as f:
+      data = json.load(f)
+    name = os.path.relpath(path, ROOT)
+    assert list(data)[: len(ENVELOPE)] == ENVELOPE, name
+    assert data["schema"] == "equarx-bench/1", name
+    rows = data["results"]
+    assert isinstance(rows, list) and all(isinstance(r, dict) for r in rows), name
