@@ -269,9 +269,6 @@ def machine_info() -> dict:
     "machine": platform.machine(),
     "cpus": os.cpu_count(),
   }
-  devices = _devices()
-  if devices:
-    info["devices"] = devices
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
@@ -280,6 +277,9 @@ def machine_info() -> dict:
           break
   except OSError:
     pass
+  devices = _devices()
+  if devices:
+    info["devices"] = devices
   return info
 
 
