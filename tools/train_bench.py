@@ -5,7 +5,7 @@
     python tools/train_bench.py --meshes fsdp --steps 100 \\
       --scheme=none --scheme="--equarx_enable --equarx_min_bytes=0"
 
-Data: the docstrings and comments of the Python standard library (tools/text_corpus.py:
+Data: the docstrings and comments of the Python standard library (tools/data/text_corpus.py:
 built offline and deterministically from the running Python's own stdlib, byte-level
 tokens, vocab 256, the last 5% held out); its sha256 is in the output, so runs on other
 Pythons can be told apart.
@@ -82,6 +82,8 @@ import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The corpus is a data generator: tools/data/, apart from the benchmarks.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
 
 import numpy as np  # noqa: E402
 

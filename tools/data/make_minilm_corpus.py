@@ -1,6 +1,6 @@
 """Writes equarx_pass/examples/minilm_corpus.txt, the MiniLM example's default sentences.
 
-    python tools/make_minilm_corpus.py [--count 256] [--out equarx_pass/examples/minilm_corpus.txt]
+    python tools/data/make_minilm_corpus.py [--count 256] [--out equarx_pass/examples/minilm_corpus.txt]
 
 The sentences are English prose from the Python Language Reference as it ships
 with CPython (Lib/pydoc_data/topics.py, the text `help("assert")` prints),
@@ -20,7 +20,7 @@ import re
 
 import pydoc_data.topics
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(ROOT, "equarx_pass", "examples", "minilm_corpus.txt")
 
 # A sentence ends at . ! or ? followed by space and a capital letter; abbreviations
@@ -74,7 +74,7 @@ def main():
     f"# {args.count} English sentences from the Python Language Reference as shipped with",
     f"# CPython {platform.python_version()} (Lib/pydoc_data/topics.py), Copyright Python Software",
     "# Foundation, PSF License Version 2.  Not written by this project; extracted by",
-    "# tools/make_minilm_corpus.py.  One sentence per line; '#' lines are comments.",
+    "# tools/data/make_minilm_corpus.py.  One sentence per line; '#' lines are comments.",
   ]
   with open(args.out, "w") as f:
     f.write("\n".join(header + picked) + "\n")

