@@ -176,6 +176,10 @@ class Network:
 
   def close(self) -> None:
     """Kill host processes, delete every namespace of this run, restore signal handlers."""
+    # A second SIGTERM (`timeout` forwards one, a `pkill` sends another) must not cut the
+    # cleanup short: ignore both until the namespaces are gone.
+    for sig in self._old_handlers:
+      signal.signal(sig, signal.SIG_IGN)
     for p in self.procs:
       if p.poll() is None:
         try:
