@@ -36,6 +36,7 @@ CHECKS = {
   "check_wmt": "flax's wmt example's train step under equarx_pass.jit (a flax checkout)",
   "emit_digest": "a digest of everything the pass emits, to compare before and after a change",
   "error_table": "relative error and bits per value of every scheme, from the NumPy models",
+  "int8_reference": "self-check of the hand-written hierarchical int8 baseline on 8 CPU devices",
   "netns": "smoke test of the emulated network of netbench (root)",
   "outline_bits": "what --equarx_outline changes in the bits of a quantized psum",
   "tp_mlp_report": "figures of a tensor-parallel MLP on 8 CPU devices, per scheme",

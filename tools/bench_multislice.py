@@ -7,12 +7,16 @@ slow data-center network (DCN) between slices, the on-chip time, the compile tim
 
 For each TPU topology and slice count, a hybrid ("dcn", "ici") mesh as users build one
 (`mesh_utils.create_hybrid_device_mesh`), and one psum over the given axes of SIZE bytes
-per chip, compiled four ways:
+per chip, compiled these ways:
 
   native        jax.jit
+  int8ref       jax.jit of the hierarchical int8 all-reduce written by hand in jnp
+                (tools/int8_reference.py; only for a psum over both axes): the plain
+                baseline with the same DCN bytes
   flat          equarx_pass.jit --equarx_hierarchy=flat --equarx_force: the quantized
                 all-reduce over the whole group
   hierarchical  equarx_pass.jit --equarx_force: native inside each slice, quantized across
+  hierarchical_no_rotation  the same with --equarx_rotation=none (what the rotation costs)
   default       equarx_pass.jit with the default flags: the cost model decides
 
 DCN bytes per chip are counted from the compiled program's cross-slice transfers
@@ -33,10 +37,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib  # noqa: E402
 
+REFERENCE = "int8 reference"
 VARIANTS = {
   "native": None,
+  "int8ref": REFERENCE,
   "flat": "--equarx_enable --equarx_min_bytes=0 --equarx_hierarchy=flat --equarx_force",
   "hierarchical": "--equarx_enable --equarx_min_bytes=0 --equarx_force",
+  "hierarchical_no_rotation": (
+    "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_rotation=none"
+  ),
   "default": "--equarx_enable",
 }
 
@@ -61,6 +70,7 @@ def measure(
 
   import equarx_pass
   from equarx_pass.tpu_aot import cross_slice_bytes
+  from int8_reference import hierarchical_int8
 
   mesh, per_slice = hybrid_mesh(topology, slices)
   chips = slices * per_slice
@@ -71,10 +81,21 @@ def measure(
   psum = jax.shard_map(
     lambda v: jax.lax.psum(v, axes), mesh=mesh, in_specs=spec, out_specs=P(), check_vma=False
   )
+
+  def reference(v):
+    return hierarchical_int8(v, "ici", "dcn", per_slice, slices)
+
   rows = []
   native_s = None
   for name, flags in variants.items():
-    fn = jax.jit(psum) if flags is None else equarx_pass.jit(psum, flags=flags)
+    if flags is REFERENCE:
+      if axes != ("dcn", "ici"):
+        continue
+      fn = jax.jit(
+        jax.shard_map(reference, mesh=mesh, in_specs=spec, out_specs=P(), check_vma=False)
+      )
+    else:
+      fn = jax.jit(psum) if flags is None else equarx_pass.jit(psum, flags=flags)
     start = time.perf_counter()
     compiled = fn.lower(arg).compile()
     compile_s = time.perf_counter() - start
@@ -95,7 +116,7 @@ def measure(
       "on_chip_vs_native": seconds / native_s if native_s else None,
       "compile_s": compile_s,
     }
-    if flags is not None:
+    if flags not in (None, REFERENCE):
       [record] = fn.report.records
       row["decision"] = record.decision
       row["route"] = record.route
@@ -135,8 +156,14 @@ def main() -> int:
           for size in args.sizes:
             key = f"{topology} x {slices}"
             try:
+              variants = {"native": None} | {v: VARIANTS[v] for v in args.variants}
               rows += measure(
-                topology, slices, tuple(axes.split(",")), dtype, benchlib.parse_size(size)
+                topology,
+                slices,
+                tuple(axes.split(",")),
+                dtype,
+                benchlib.parse_size(size),
+                variants,
               )
             except Exception as e:  # a topology this libtpu does not know
               unavailable[key] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"

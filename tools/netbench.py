@@ -11,6 +11,9 @@ over gloo), each in its own network namespace whose egress tc limits to RATE
 per-device message size, the same run compares:
 
   native    jax.lax.psum as XLA compiles it (XLA:CPU's all-reduce over gloo)
+  int8ref   the hierarchical int8 all-reduce written by hand in jnp (native inside the
+            host, int8 two-shot across, no rotation; tools/int8_reference.py): what a
+            user gets without the pass, with the same bytes across hosts
   bf16ring  the unquantized bandwidth-optimal bf16 all-reduce, the paper's baseline:
             a ring of ppermutes across the hosts (tools/bf16_ring.py), with D > 1 on
             each host's 1/D piece between a native reduce-scatter and all-gather
@@ -44,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 
 PORT = 12355
-BASELINES = ("native", "bf16ring")
+BASELINES = ("native", "bf16ring", "int8ref")
 DTYPE_BYTES = {"bf16": 2, "f32": 4}
 SMALL_BYTES, SMALL_REPEATS = 1 << 20, 25  # below 1 MiB: at least 25 timed calls
 STEP_LATENCY_S = 2e-3  # measured per ring step on a 2-core host (docs/performance.md)
@@ -75,6 +78,7 @@ def worker(cfg: dict) -> None:
 
   import equarx_pass
   from bf16_ring import bf16_ring_allreduce
+  from int8_reference import hierarchical_int8
 
   rank, hosts, per_host = cfg["rank"], cfg["procs"], cfg.get("devices_per_host", 1)
   jax.config.update("jax_num_cpu_devices", per_host)
@@ -124,10 +128,15 @@ def worker(cfg: dict) -> None:
     barrier()
   barrier_bytes = (_tx_bytes() - tx) / 20
 
+  def reference_int8(v):
+    flat = v.reshape(-1)
+    return hierarchical_int8(flat, "dev", "host", per_host, hosts).reshape(1, -1)
+
   def programs(nbytes_model):
     progs = {
       "native": (jax.jit(shard_mapped(lambda v: jax.lax.psum(v, axes))), None),
       "bf16ring": (jax.jit(shard_mapped(hierarchical_bf16)), nbytes_model),
+      "int8ref": (jax.jit(shard_mapped(reference_int8)), None),
     }
     for scheme in cfg["schemes"]:
       try:
@@ -192,6 +201,10 @@ def worker(cfg: dict) -> None:
             model = per_host * after.slow if after is not None else record.bytes_after
           elif name == "bf16ring":
             model = ring_bytes
+          elif name == "int8ref":  # codes and one f32 scale per 128, twice (S-1)/S
+            unit = per_host * hosts * 128
+            padded = -(-num_values // unit) * unit
+            model = 2 * (hosts - 1) * padded // hosts * (1 + 4 / 128)
           row.update(
             times=times,
             first_call=first,
@@ -233,7 +246,7 @@ def estimate_seconds(sizes, dtypes, rate_bps, procs, programs, repeats, warmup) 
       values = size // DTYPE_BYTES[dtype]
       ring = 2 * (procs - 1) * -(-values // procs) * 2 * 8 / rate_bps
       latency = 2 * (procs - 1) * STEP_LATENCY_S
-      per = {"native": 2 * ring + latency, "bf16ring": ring + latency}
+      per = {"native": 2 * ring + latency, "bf16ring": ring + latency, "int8ref": ring / 2}
       calls = max(repeats, SMALL_REPEATS) + 2 if size < SMALL_BYTES else repeats
       for p in programs:
         t = per.get(p, ring / 2 + latency + values * 20e-9 * procs)
@@ -344,6 +357,7 @@ def print_tables(agg: list[dict]) -> str:
     "MiB sent/host",
     "x native",
     "x bf16ring",
+    "x int8ref",
     "bytes x bf16ring",
     "rel err",
     "same",
@@ -363,6 +377,7 @@ def print_tables(agg: list[dict]) -> str:
           "MiB sent/host": f"{r['tx_bytes'] / 2**20:.3f}",
           "x native": f"{r.get('vs_native', 0):.2f}",
           "x bf16ring": f"{r.get('vs_bf16ring', 0):.2f}",
+          "x int8ref": f"{r.get('vs_int8ref', 0):.2f}",
           "bytes x bf16ring": (
             f"{r['bytes_vs_bf16ring']:.2f}" if r.get("bytes_vs_bf16ring") else "-"
           ),
@@ -453,6 +468,11 @@ def summary(agg: list[dict]) -> list[str]:
             + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_bf16ring']:.2f}x" for r in big)
             + "; over native "
             + ", ".join(f"{benchlib.fmt_bytes(r['size'])} {r['vs_native']:.2f}x" for r in big)
+            + "; over the hand-written int8 "
+            + ", ".join(
+              f"{benchlib.fmt_bytes(r['size'])} {r.get('vs_int8ref', float('nan')):.2f}x"
+              for r in big
+            )
           )
     t = threshold(agg, scheme)
     lines.append(
