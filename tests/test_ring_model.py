@@ -562,8 +562,8 @@ def test_reference_allreduce_casts_to_out_dtype(out_dtype):
   "block, lo, hi",
   [
     # Measured (seeds 0, 1, 2; 8 ranks x 2^20 standard normal f32 values):
-    #   block 1024: 1.6668e-2, 1.6721e-2, 1.6662e-2   (README, Schemes: 1.67e-02)
-    #   block  128: 1.3703e-2, 1.3729e-2, 1.3711e-2   (README, Schemes: 1.37e-02)
+    #   block 1024: 1.6668e-2, 1.6721e-2, 1.6662e-2   (docs/schemes.md: 1.67e-02)
+    #   block  128: 1.3703e-2, 1.3729e-2, 1.3711e-2   (docs/schemes.md: 1.37e-02)
     # The seed-to-seed spread is under 0.5%; the windows are about +-5% around them.
     (1024, 1.58e-2, 1.76e-2),
     (128, 1.30e-2, 1.44e-2),

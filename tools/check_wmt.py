@@ -37,7 +37,7 @@ state, so the step returns them exactly), compared leaf by leaf with the step's 
 --train-steps steps of the adamw step, compared on losses and parameters.  Every output
 must be bit for bit jax.jit's.  With --outline, the lowered route also runs the quantized
 program (--flags, f32) with --equarx_outline=off and =auto, and says how many parameters
-differ between the two after --train-steps steps and where (see README, "Flags").
+differ between the two after --train-steps steps and where (see the flag reference, docs/flags.md).
 
 Synthetic token batches (random ids in [1, vocab), each row padded with 0s after a random
 length), since no dataset is needed to compare two compilations of the same program.

@@ -7,7 +7,7 @@ On 8 CPU devices, a shard_map psum of --values values per device (the default sc
 0.1, tanh, or (the psum of a product) an add; in f32 and bf16.  Each program runs with
 --equarx_outline=on and =off; the table gives how many values differ between the two and,
 in f32, how many of rank 0's values differ from the NumPy model (equarx_pass.scheme.
-reference) followed by the same f32 op.  README ("Flags", --equarx_outline) and
+reference) followed by the same f32 op.  The flag reference (--equarx_outline) and
 BUILD_NOTES ("Compile-time decisions") quote it.
 """
 
