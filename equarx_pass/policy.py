@@ -93,9 +93,9 @@ class Policy:
   calibration: str = ""  # a calibration file (equarx_pass.calibrate): its sites use
   # static int4 scales with bf16 outlier features
   calibration_clip: float = 0.0  # > 0: static range = min(range, this x rms) per feature
-  # A check of the route, not a speed-up: every selected site is rebuilt (outlined,
-  # the partitioned program rebuilt around it) but stays the native all-reduce, so the
-  # result must equal plain jax.jit's bit for bit.
+  # A check of the route, not a speed-up: every site the run would rewrite is planned as
+  # it would be and rebuilt (the partitioned program around it) with its native
+  # collective, so the result must equal plain jax.jit's bit for bit.
   identity: bool = False
   platform: Platform = "auto"  # where the program runs
   form: Form = "auto"  # the emitted form
@@ -601,8 +601,8 @@ FLAGS = {
 
 
 def flags_markdown() -> str:
-  """The flag reference as a Markdown table: README.md holds it verbatim and the docs
-  site renders it (docs/flags.md), both checked against this by the tests."""
+  """The flag reference as a Markdown table: the docs site renders it (docs/flags.md), and
+  `equarx-opt --help` prints the same text (tests/test_flag_docs.py)."""
   lines = ["| flag | default | meaning |", "|---|---|---|"]
   for flag in FLAGS.values():
     cell = lambda text: text.replace("|", "\\|")
