@@ -148,6 +148,26 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   return dataclasses.replace(decision, route=route, prediction=prediction)
 
 
+def calibrated(
+  cand: Candidate, wire_bytes: int, topology: Topology
+) -> tuple[Route, cost.Prediction]:
+  """The route and prediction of a site that gets the calibrated scheme (flat two-shot
+  sending `wire_bytes`): decide() priced it with the dynamic scheme's bytes, and the report
+  must give what the calibrated program sends.  The decision itself stands: the
+  calibrated scheme sends fewer bytes than the dynamic one it was priced as."""
+  from equarx_pass.algorithms import TWO_SHOT
+
+  site = cand.site
+  assert site.groups is not None and cand.route is not None
+  group = site.groups[0]
+  steps = TWO_SHOT.collective_steps(len(group))
+  rewritten = cost.quantized_flat(group, wire_bytes, steps, topology, ring=False)
+  route = dataclasses.replace(cand.route, rewritten=rewritten)
+  sharing = max((len(p) for p in topology.split(group)), default=1)
+  prediction = cost.predict(route.native, rewritten, route.quantized_bytes, topology, sharing)
+  return route, prediction
+
+
 def _with_native_traffic(skip: Skip, topology: Topology) -> Skip:
   site = skip.site
   if skip.route is not None or site.kind != "all_reduce" or not site.groups:

@@ -219,7 +219,7 @@ def rewrite_module(
   ]
   records = [_record(d, policy, flat_why) for d in decisions]
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
-  calibrated = {} if policy.identity else _calibrated_plans(candidates, policy, records)
+  calibrated = {} if policy.identity else _calibrated_plans(candidates, policy, records, topology)
   if candidates:
     channels = ChannelAllocator(match.max_channel_handle(out))
     with out.context:
@@ -489,7 +489,10 @@ def _first_line(e: BaseException | str) -> str:
 
 
 def _calibrated_plans(
-  candidates: list[match.Candidate], policy: Policy, records: list[SiteRecord]
+  candidates: list[match.Candidate],
+  policy: Policy,
+  records: list[SiteRecord],
+  topology: topology_lib.Topology,
 ) -> dict[int, CalibratedPlan]:
   """With --equarx_calibration: the calibrated plan of every candidate found in the
   file (its record updated); the others keep the dynamic scheme, and their record
@@ -521,9 +524,9 @@ def _calibrated_plans(
         records[i], reason=f"{records[i].reason}; not calibrated: {why}"
       )
       continue
-    plan = _calibrated_plan(cand, calib.sites[site.index], policy.calibration_clip)
-    plans[site.index] = plan
-    lay = plan.layout
+    site_plan = _calibrated_plan(cand, calib.sites[site.index], policy.calibration_clip)
+    plans[site.index] = site_plan
+    lay = site_plan.layout
     reason = (
       f"calibrated int4 two_shot, {len(lay.outliers)} of {lay.features} features "
       f"in bf16, {lay.bits_per_value:.2f} bits/value"
@@ -534,7 +537,14 @@ def _calibrated_plans(
       reason += f" (static scales round to nearest: --equarx_rounding={policy.rounding} unused)"
     after = lay.wire_bytes()
     reason += _padding_note(after, records[i].bytes_before)
-    records[i] = dataclasses.replace(records[i], reason=reason, bytes_after=after)
+    route, prediction = plan.calibrated(cand, after, topology)
+    records[i] = dataclasses.replace(
+      records[i],
+      reason=reason,
+      bytes_after=after,
+      traffic_after=route.rewritten,
+      speedup=prediction.speedup,
+    )
   return plans
 
 

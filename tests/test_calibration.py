@@ -16,6 +16,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import equarx_pass
+from equarx_pass import wire_bytes
 from equarx_pass.calibrated import calibration, outlier
 from equarx_pass.errors import ParseError
 from equarx_pass.policy import Policy
@@ -89,6 +90,23 @@ def test_calibrated_equals_model_bit_for_bit(one_group, clip):
   np.testing.assert_array_equal(np.asarray(fn(x)), out)
   exact = x.astype(np.float64).sum(0)
   assert np.linalg.norm(out[0] - exact) / np.linalg.norm(exact) < 0.1
+
+
+def test_report_gives_the_calibrated_bytes(one_group):
+  """The report's bytes and prediction are the calibrated program's, not the dynamic
+  scheme's it was first priced with."""
+  program, _, path, _, _ = one_group
+  fn = equarx_pass.jit(program, flags=f"{ON} --equarx_calibration={path}")
+  x = jax.ShapeDtypeStruct((8, 40, 256), jnp.float32)
+  module = fn.lower(x).compiler_ir("stablehlo")
+  (record,) = fn.report.records
+  dynamic = equarx_pass.jit(program, flags=ON)
+  dynamic.lower(x)
+  (int8,) = dynamic.report.records
+  sent = wire_bytes.count_module(module, 8).bytes
+  assert record.bytes_after == record.traffic_after.total == sent
+  assert sent < int8.traffic_after.total / 1.8
+  assert record.speedup > int8.speedup
 
 
 @pytest.mark.parametrize("axis", ["tp", "dp"])
