@@ -56,6 +56,7 @@ class TopologyCompile:
   cost: dict  # the TPU compiler's cost_analysis(), as given
   hlo_text: str = dataclasses.field(repr=False, default="")
   all_reduce_shapes: tuple = ()  # the result shape of each all-reduce left
+  temp_bytes: int | None = None  # temporary device memory the program needs, where given
 
   def summary(self) -> str:
     left = f"{self.all_reduces} all-reduce{'' if self.all_reduces == 1 else 's'} left"
@@ -210,7 +211,12 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
   if isinstance(cost, list):
     cost = cost[0] if cost else {}
   cost = {k: float(v) for k, v in dict(cost).items()}
+  try:
+    temp_bytes = int(executable.get_compiled_memory_stats().temp_size_in_bytes)
+  except Exception:  # a client that gives no memory statistics
+    temp_bytes = None
   return dict(
+    temp_bytes=temp_bytes,
     target=target,
     seconds=seconds,
     num_devices=len(devices),

@@ -231,6 +231,7 @@ def main() -> int:
             all_reduces=tc.all_reduces,
             cost=tc.cost,
             optimal_seconds=tc.cost.get("optimal_seconds"),
+            temp_bytes=tc.temp_bytes,
             flops=tc.cost.get("flops"),
             bytes_accessed=tc.cost.get("bytes accessed"),
             est_cycles=estimated_cycles(tc.hlo_text),
@@ -268,6 +269,7 @@ def main() -> int:
     "break-even GB/s",
     "compile s",
     "module KB",
+    "temp MiB",
   ]
   table_rows = []
   for r in rows:
@@ -278,6 +280,7 @@ def main() -> int:
       "program": benchlib.scheme_label(r["scheme"]) if r["scheme"] else "native all-reduce",
       "wire bytes/chip": benchlib.fmt_bytes(r["wire_bytes"]),
       "module KB": f"{r['module_bytes'] / 1e3:.0f}",
+      "temp MiB": f"{r['temp_bytes'] / 2**20:.1f}" if r.get("temp_bytes") is not None else "-",
     }
     if "error" in r:
       t["optimal_seconds (us)"] = r["error"][:60]
