@@ -60,6 +60,16 @@ for name, flags in schemes.items():
     for shard in o.addressable_shards:
       i, j = (s.start for s in shard.index[:2])
       np.save(os.path.join(out, f"{name}-{axis}-{i}-{j}.npy"), np.asarray(shard.data)[0, 0])
+# --equarx_identity on the same hybrid mesh: every route rebuilt with native collectives.
+identity = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_identity"
+for name, w in (("plain", jax.jit(fn)), ("identity", equarx_pass.jit(fn, flags=identity))):
+  outs = w(xs)
+  if name == "identity":
+    report[name] = {"routes": [r.route for r in w.report.records]}
+  for axis, o in zip(axes, outs):
+    for shard in o.addressable_shards:
+      i, j = (s.start for s in shard.index[:2])
+      np.save(os.path.join(out, f"{name}-{axis}-{i}-{j}.npy"), np.asarray(shard.data)[0, 0])
 with open(os.path.join(out, f"report{process_id}.json"), "w") as f:
   json.dump(report, f)
 jax.distributed.shutdown()
@@ -124,6 +134,14 @@ def test_two_processes_give_identical_bits(tmp_path):
 
   reports = [json.loads((tmp_path / f"report{i}.json").read_text()) for i in range(2)]
   assert reports[0] == reports[1], "the processes rewrote the program differently"
+  # Identity, planned as the quantized run (hierarchical over both axes), equals jax.jit.
+  assert reports[0]["identity"]["routes"] == ["identity"] * 3
+  for axis in AXES:
+    for i in range(2):
+      for j in range(4):
+        got = np.load(tmp_path / f"identity-{axis}-{i}-{j}.npy")
+        want = np.load(tmp_path / f"plain-{axis}-{i}-{j}.npy")
+        assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist(), (axis, i, j)
   for name, flags in SCHEMES.items():
     # The processes are the fast domains: over "a" (one device per process) and over "b"
     # (inside a process; forced: the cost model would leave it native) the flat scheme,
