@@ -155,7 +155,7 @@ def calibrated(
   sending `wire_bytes`): decide() priced it with the dynamic scheme's bytes, and the report
   must give what the calibrated program sends.  The decision itself stands: the
   calibrated scheme sends fewer bytes than the dynamic one it was priced as."""
-  from equarx_pass.algorithms import TWO_SHOT
+  from equarx_pass.algorithms.two_shot import TWO_SHOT
 
   site = cand.site
   assert site.groups is not None and cand.route is not None
