@@ -33,7 +33,7 @@ from equarx_pass.topology import Topology, split_groups
 class Route:
   """How a candidate is rewritten, with what it sends."""
 
-  name: str  # "identity", "hierarchical", "flat"
+  name: str  # "identity", "calibrated", "hierarchical", "flat" (site_patterns.py)
   native: cost.Traffic
   rewritten: cost.Traffic
   quantized_bytes: int  # operand bytes that enter the quantized all-reduce
@@ -162,7 +162,7 @@ def calibrated(
   group = site.groups[0]
   steps = TWO_SHOT.collective_steps(len(group))
   rewritten = cost.quantized_flat(group, wire_bytes, steps, topology, ring=False)
-  route = dataclasses.replace(cand.route, rewritten=rewritten)
+  route = dataclasses.replace(cand.route, name="calibrated", rewritten=rewritten)
   sharing = max((len(p) for p in topology.split(group)), default=1)
   prediction = cost.predict(route.native, rewritten, route.quantized_bytes, topology, sharing)
   return route, prediction

@@ -1,34 +1,32 @@
-"""rewrite + verify: replace every selected all-reduce, on a copy, and check the result.
+"""rewrite + verify: replace every selected collective, on a copy, and check the result.
 
 `rewrite_module` never mutates its input.  It copies the module, matches every
-all-reduce (match.py), emits the quantized all-reduce for each candidate (its
-algorithm's emitter, algorithms/; the calibrated scheme's, calibrated/outlier_emit.py) in
-place of the all-reduce (with --equarx_outline, its compute between collectives moved
-into private functions called there: outline.py), verifies the copy, and returns it with one SiteRecord per all-reduce.  Any
-failure raises and the half-rewritten copy is dropped, so a caller only ever
-sees the original module or a complete, verified rewrite.
+all-reduce (and with --equarx_ops reduce-scatter and all-gather: match.py), plans each
+candidate's route on the topology (plan.py), and puts in its place what the first
+matching pattern of site_patterns.py emits (with --equarx_outline, the compute between
+its collectives moved into private functions called there: outline.py).  It verifies the
+copy and returns it with one SiteRecord per site.  Any failure raises and the
+half-rewritten copy is dropped, so a caller only ever sees the original module or a
+complete, verified rewrite.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import io
 import time
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import cost, hierarchical, match, outline, plan
+from equarx_pass import cost, match, outline, plan, site_patterns
 from equarx_pass import topology as topology_lib
 from equarx_pass.calibrated import calibration, outlier
-from equarx_pass.all_gather import emit_all_gather
-from equarx_pass.forms import Pieces, SitePlan
 from equarx_pass.hlo_builder import ChannelAllocator
-from equarx_pass.calibrated.outlier_emit import CalibratedPlan, emit_calibrated_allreduce
+from equarx_pass.calibrated.outlier_emit import CalibratedPlan
 from equarx_pass.errors import FlagError, InternalError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
 
@@ -219,33 +217,22 @@ def rewrite_module(
   ]
   records = [_record(d, policy, flat_why) for d in decisions]
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
-  calibrated = {} if policy.identity else _calibrated_plans(candidates, policy, records, topology)
+  calibrated: dict[int, CalibratedPlan] = {}
+  if not policy.identity:
+    candidates, calibrated = _calibrated_plans(candidates, policy, records, topology)
   if candidates:
-    channels = ChannelAllocator(match.max_channel_handle(out))
+    ctx = site_patterns.RewriteContext(
+      policy,
+      ChannelAllocator(match.max_channel_handle(out)),
+      topology,
+      target,
+      tiled_form=flat_why is None,
+      calibrated=calibrated,
+    )
     with out.context:
       for cand in candidates:
-        if policy.identity:
-          # Never outlined: a call boundary keeps the rounding of a bf16 operand that
-          # XLA:CPU may skip inline (excess precision), and the native op needs no call.
-          _emit_in_place(
-            cand,
-            functools.partial(_emit_native, cand),
-            f"the native {_op_name(cand.site.kind)}",
-            "rerun without --equarx_identity",
-            None,
-          )
-        elif cand.site.index in calibrated:
-          _replace_calibrated(cand, channels, calibrated[cand.site.index], outline_into)
-        else:
-          _replace(
-            cand,
-            channels,
-            policy,
-            outline_into,
-            tiled_form=flat_why is None,
-            target=target,
-            topology=topology,
-          )
+        replacement = site_patterns.pattern_for(cand).replacement(cand, ctx)
+        _emit_in_place(cand, replacement, outline_into if replacement.outline else None)
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start, topology)
 
@@ -272,138 +259,10 @@ def default_topology(
     raise FlagError(f"--equarx_domains: {e}") from None
 
 
-def _replace(
-  cand: match.Candidate,
-  channels: ChannelAllocator,
-  policy: Policy,
-  outline_into: ir.Module | None,
-  tiled_form: bool,
-  target: str,
-  topology: topology_lib.Topology,
-) -> None:
-  scheme = policy.scheme
-  site_plan = functools.partial(
-    SitePlan,
-    device_kind=cand.site.device_kind,
-    num_devices=cand.site.num_devices,
-    scheme=scheme,
-    unrolled=cand.site.nbytes >= policy.unroll_min_bytes,
-    # On CPU: the model's butterflies (its bits), and no collective inside a loop.
-    matmul_rotation=target != "cpu",
-    collectives_in_loops=target != "cpu",
-  )
-  site = cand.site
-  emit: Callable[[list[ir.Value]], list[ir.Value]]
-  if cand.route is not None and cand.route.name == "hierarchical" and site.kind != "all_reduce":
-    levels, outer = plan.schedule_levels(cand, topology)
-    assert site.groups is not None
-    order = hierarchical.piece_order(site.groups, levels)
-    assert not isinstance(order, str)  # the plan checked it
-    result_type = ir.RankedTensorType((cand.slice_op or cand.op).results[0].type)
-    gather = site.kind == "all_gather"
-
-    def cross_pieces(part: ir.Value, piece_type: ir.RankedTensorType) -> ir.Value:
-      size = int(np.prod(ir.RankedTensorType(part.type).shape, dtype=np.int64))
-      layout = scheme.layout(size * levels.domains if gather else size, levels.domains)
-      plan_ = site_plan(layout, outer)
-      if gather:
-        return emit_all_gather(part, plan_, channels, Pieces(0, 1, piece_type))[0]
-      return scheme.algo.emit_pieces(part, plan_, channels, Pieces(0, levels.domains, piece_type))[
-        0
-      ]
-
-    levels_emitter = hierarchical.emit_all_gather if gather else hierarchical.emit_reduce_scatter
-    emit = lambda operands: levels_emitter(  # noqa: E731
-      operands[0],
-      levels,
-      order,
-      site.dimension,
-      result_type,
-      site.device_kind,
-      channels,
-      cross_pieces,
-      site.num_devices,
-      target == "cpu",
-    )
-    what = f"the hierarchical {site.kind}"
-  elif cand.route is not None and cand.route.name == "hierarchical":
-    levels, outer = plan.schedule_levels(cand, topology)
-
-    def cross(piece: ir.Value) -> ir.Value:
-      (size,) = ir.RankedTensorType(piece.type).shape
-      layout = scheme.layout(size, levels.domains)
-      return scheme.algo.emit([piece], site_plan(layout, outer), channels, tiled_form)[0]
-
-    emit = functools.partial(
-      hierarchical.emit,
-      levels=levels,
-      device_kind=site.device_kind,
-      channels=channels,
-      cross=cross,
-      num_devices=site.num_devices,
-      # On CPU the pieces inside a domain come from an all-reduce (domain_piece says why).
-      by_all_reduce=target == "cpu",
-    )
-    what = f"the hierarchical {scheme.algorithm} all-reduce"
-  elif site.kind == "all_reduce":
-    emit = functools.partial(
-      scheme.algo.emit,
-      plan=site_plan(cand.layout, cand.schedule),
-      channels=channels,
-      tiled=tiled_form,
-    )
-    what = f"the quantized {scheme.algorithm} all-reduce"
-  else:
-    result = (cand.slice_op or cand.op).results[0]
-    pieces = Pieces(
-      site.dimension,
-      site.group_size if site.kind == "reduce_scatter" else 1,
-      ir.RankedTensorType(result.type),
-    )
-    emitter = scheme.algo.emit_pieces if site.kind == "reduce_scatter" else emit_all_gather
-    plan_ = site_plan(cand.layout, cand.schedule)
-    emit = lambda operands: emitter(operands[0], plan_, channels, pieces)  # noqa: E731
-    what = f"the quantized {site.kind}"
-  _emit_in_place(
-    cand,
-    emit,
-    what,
-    "rerun without --equarx_enable or exclude it with --equarx_max_bytes/--equarx_dtypes",
-    outline_into,
-  )
-
-
-def _emit_native(cand: match.Candidate, operands: list[ir.Value]) -> list[ir.Value]:
-  """--equarx_identity: the site's collective itself, on `operands`: a copy of the op; for
-  an all-reduce and the slice of each rank's piece (taken as a reduce-scatter), one native
-  reduce-scatter over the recognised dimension and the all-reduce's groups, so that a
-  recognition that named the wrong pieces gives other results than plain jax.jit."""
-  op = cand.op
-  if cand.slice_op is None:
-    new = op.clone()
-    for i, value in enumerate(operands):
-      new.operands[i] = value
-    return list(new.results)
-  attrs = op.attributes
-  result_type = cand.slice_op.results[0].type
-  (operand,) = operands
-  scatter = hlo.ReduceScatterOp(
-    result_type,
-    operand,
-    cand.site.dimension,
-    attrs["replica_groups"],
-    channel_handle=attrs["channel_handle"] if "channel_handle" in attrs else None,
-    use_global_device_ids=True if "use_global_device_ids" in attrs else None,
-  )
-  scalar = ir.RankedTensorType.get([], ir.RankedTensorType(result_type).element_type)
-  block = scatter.regions[0].blocks.append(scalar, scalar)
-  with ir.InsertionPoint(block):
-    hlo.ReturnOp([hlo.AddOp(block.arguments[0], block.arguments[1]).result])
-  return [scatter.result]
-
-
 def _emit_in_place(
-  cand: match.Candidate, emit, what: str, advice: str, outline_into: ir.Module | None
+  cand: match.Candidate,
+  replacement: site_patterns.Replacement,
+  outline_into: ir.Module | None,
 ) -> None:
   """Emit the replacement at the all-reduce, rewire its uses, erase it; given a module to
   outline into, move the compute between the replacement's collectives into functions
@@ -429,7 +288,7 @@ def _emit_in_place(
   result_types = [v.type for v in old_results]
 
   def emit_promoted(values):
-    return emit([_promote(v, t) for v, t in zip(values, result_types)])
+    return replacement.emit([_promote(v, t) for v, t in zip(values, result_types)])
 
   try:
     with location, ir.InsertionPoint(at):
@@ -439,9 +298,9 @@ def _emit_in_place(
         new_values, site_ops = emit_promoted(operands), []
   except Exception as e:
     raise InternalError(
-      f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit {what} "
-      f"({type(e).__name__}: {_first_line(e)}); this is a bug in equarx-pass, please "
-      f"report it; to go on, {advice}"
+      f"all-reduce #{cand.site.index} at {cand.site.location}: cannot emit "
+      f"{replacement.what} ({type(e).__name__}: {_first_line(e)}); this is a bug in "
+      f"equarx-pass, please report it; to go on, {replacement.advice}"
     ) from e
   for old, new in zip(old_results, new_values):
     old.replace_all_uses_with(new)
@@ -493,17 +352,19 @@ def _calibrated_plans(
   policy: Policy,
   records: list[SiteRecord],
   topology: topology_lib.Topology,
-) -> dict[int, CalibratedPlan]:
-  """With --equarx_calibration: the calibrated plan of every candidate found in the
-  file (its record updated); the others keep the dynamic scheme, and their record
-  says why they are not calibrated."""
+) -> tuple[list[match.Candidate], dict[int, CalibratedPlan]]:
+  """With --equarx_calibration: the candidates, those found in the file on the
+  "calibrated" route (their records updated), and their calibrated plans by site index;
+  the others keep the dynamic scheme, and their record says why they are not calibrated."""
   if not policy.calibration:
-    return {}
+    return candidates, {}
   calib = calibration.load_cached(policy.calibration)
   plans = {}
+  routed = []
   for cand in candidates:
     site = cand.site
     if site.kind != "all_reduce":
+      routed.append(cand)
       continue
     i = site.index  # records are in site order
     why: str | None
@@ -523,6 +384,7 @@ def _calibrated_plans(
       records[i] = dataclasses.replace(
         records[i], reason=f"{records[i].reason}; not calibrated: {why}"
       )
+      routed.append(cand)
       continue
     site_plan = _calibrated_plan(cand, calib.sites[site.index], policy.calibration_clip)
     plans[site.index] = site_plan
@@ -544,8 +406,10 @@ def _calibrated_plans(
       bytes_after=after,
       traffic_after=route.rewritten,
       speedup=prediction.speedup,
+      route=route.name,
     )
-  return plans
+    routed.append(dataclasses.replace(cand, route=route, prediction=prediction))
+  return routed, plans
 
 
 def _calibrated_plan(
@@ -573,21 +437,6 @@ def _calibrated_plan(
     np.stack(in_reciprocal),
     np.stack(out_scale),
     np.stack(out_reciprocal),
-  )
-
-
-def _replace_calibrated(
-  cand: match.Candidate,
-  channels: ChannelAllocator,
-  plan: CalibratedPlan,
-  outline_into: ir.Module | None,
-) -> None:
-  _emit_in_place(
-    cand,
-    lambda operands: emit_calibrated_allreduce(operands, plan, channels),
-    "the calibrated scheme",
-    "rerun without --equarx_calibration",
-    outline_into,
   )
 
 

@@ -110,7 +110,7 @@ PARSE_CASES = {
   "llvm_only": (b"module {\n  llvm.func @f() {\n    llvm.return\n  }\n}\n", "no func.func", 1, 1),
   "not_mlir": (b"def f(x):\n  return x\n", "MLIR parse error", 1, 1),
   "bad_hlo_op": (BAD_HLO_OP, "HLO parse error", 5, 19),
-  "truncated_hlo": (HLO[: len(HLO) // 2], "HLO parse error", 55, 16),
+  "truncated_hlo": (HLO[: len(HLO) // 2], "HLO parse error", 55, 13),
   "hlo_header_only": (HLO.split(b"\n")[0] + b"\n", "HLO parse error", 2, 1),
   "hlo_elided_constant": (
     ELIDED_HLO,

@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_pass
 import programs
-from equarx_pass import partitioned, rewrite
+from equarx_pass import partitioned, site_patterns
 from programs import IDENTITY, assert_same
 
 ALL_OPS = "--equarx_ops=all_reduce,reduce_scatter,all_gather"
@@ -511,7 +511,7 @@ def test_a_reduce_scatter_route_with_the_wrong_pieces_is_caught(monkeypatch):
   got, want, fn = programs.run_pair(prog, f"{IDENTITY} {ALL_OPS}")
   assert any(r.found_as != r.kind for r in fn.report.records), str(fn.report)
   assert_same(got, want, "without the injection")
-  native = rewrite._emit_native
+  native = site_patterns.emit_native
 
   def wrong_pieces(cand, operands):
     """The reduce-scatter over the groups rotated by one: rank r gets piece r - 1."""
@@ -525,7 +525,7 @@ def test_a_reduce_scatter_route_with_the_wrong_pieces_is_caught(monkeypatch):
       )
     return native(cand, operands)
 
-  monkeypatch.setattr(rewrite, "_emit_native", wrong_pieces)
+  monkeypatch.setattr(site_patterns, "emit_native", wrong_pieces)
   got, want, _ = programs.run_pair(prog, f"{IDENTITY} {ALL_OPS}")
   with pytest.raises(AssertionError, match="not bit-identical"):
     assert_same(got, want, "reduce-scatter pieces")

@@ -1,0 +1,270 @@
+"""The rewrite patterns: what replaces a planned site, one pattern per route and site kind.
+
+plan.py gives every candidate a route ("identity", "calibrated", "hierarchical", "flat");
+rewrite.py asks each pattern in PATTERNS, in order, whether it matches the candidate and
+takes the first that does.  A pattern builds a Replacement: the function that emits the
+new ops for the site's operands, what it is (for error messages) and what a user can do
+when emitting fails.  rewrite.py puts it in place (and outlines it where asked).
+
+A new route is a pattern here and a route function in plan.py; nothing else branches on
+route names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Protocol
+
+import numpy as np
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import stablehlo as hlo
+
+from equarx_pass import hierarchical, match, plan
+from equarx_pass.all_gather import emit_all_gather
+from equarx_pass.calibrated.outlier_emit import CalibratedPlan, emit_calibrated_allreduce
+from equarx_pass.forms import Pieces, SitePlan
+from equarx_pass.hlo_builder import ChannelAllocator
+from equarx_pass.policy import Policy
+from equarx_pass.topology import Topology
+
+Emit = Callable[[list[ir.Value]], list[ir.Value]]
+
+_EXCLUDE = "rerun without --equarx_enable or exclude it with --equarx_max_bytes/--equarx_dtypes"
+
+
+@dataclasses.dataclass(frozen=True)
+class RewriteContext:
+  """What every pattern may use, the same for all sites of one module."""
+
+  policy: Policy
+  channels: ChannelAllocator
+  topology: Topology
+  target: str  # the platform compiled for: "cpu", "gpu", "tpu"
+  tiled_form: bool  # False: the flat form (the policy says why)
+  calibrated: dict[int, CalibratedPlan]  # by site index
+
+  def site_plan(self, cand: match.Candidate, layout, schedule) -> SitePlan:
+    site = cand.site
+    return SitePlan(
+      layout,
+      schedule,
+      site.device_kind,
+      site.num_devices,
+      self.policy.scheme,
+      unrolled=site.nbytes >= self.policy.unroll_min_bytes,
+      # On CPU: the model's butterflies (its bits), and no collective inside a loop.
+      matmul_rotation=self.target != "cpu",
+      collectives_in_loops=self.target != "cpu",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Replacement:
+  emit: Emit
+  what: str  # "the quantized ring all-reduce", for error messages
+  advice: str  # what a user can do when emitting it fails
+  outline: bool = True  # may its compute be outlined (--equarx_outline)
+
+
+class SitePattern(Protocol):
+  def matches(self, cand: match.Candidate) -> bool: ...
+
+  def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement: ...
+
+
+def _route(cand: match.Candidate) -> str:
+  return cand.route.name if cand.route is not None else "flat"
+
+
+class IdentityPattern:
+  """--equarx_identity: the native collective, rebuilt."""
+
+  def matches(self, cand: match.Candidate) -> bool:
+    return _route(cand) == "identity"
+
+  def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
+    # Never outlined: a call boundary keeps the rounding of a bf16 operand that XLA:CPU
+    # may skip inline (excess precision), and the native op needs no call.
+    what = "a native reduce-scatter" if cand.slice_op is not None else "the native collective"
+    return Replacement(
+      functools.partial(emit_native, cand), what, "rerun without --equarx_identity", False
+    )
+
+
+class CalibratedPattern:
+  """--equarx_calibration: static scales and bf16 outlier features (calibrated/)."""
+
+  def matches(self, cand: match.Candidate) -> bool:
+    return _route(cand) == "calibrated"
+
+  def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
+    site_plan = ctx.calibrated[cand.site.index]
+    return Replacement(
+      lambda operands: emit_calibrated_allreduce(operands, site_plan, ctx.channels),
+      "the calibrated scheme",
+      "rerun without --equarx_calibration",
+    )
+
+
+class HierarchicalAllReducePattern:
+  """An all-reduce over several fast domains: native inside each, quantized across."""
+
+  def matches(self, cand: match.Candidate) -> bool:
+    return _route(cand) == "hierarchical" and cand.site.kind == "all_reduce"
+
+  def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
+    site, scheme = cand.site, ctx.policy.scheme
+    levels, outer = plan.schedule_levels(cand, ctx.topology)
+
+    def cross(piece: ir.Value) -> ir.Value:
+      (size,) = ir.RankedTensorType(piece.type).shape
+      layout = scheme.layout(size, levels.domains)
+      return scheme.algo.emit(
+        [piece], ctx.site_plan(cand, layout, outer), ctx.channels, ctx.tiled_form
+      )[0]
+
+    emit = functools.partial(
+      hierarchical.emit,
+      levels=levels,
+      device_kind=site.device_kind,
+      channels=ctx.channels,
+      cross=cross,
+      num_devices=site.num_devices,
+      # On CPU the pieces inside a domain come from an all-reduce (domain_piece says why).
+      by_all_reduce=ctx.target == "cpu",
+    )
+    return Replacement(emit, f"the hierarchical {scheme.algorithm} all-reduce", _EXCLUDE)
+
+
+class HierarchicalPiecesPattern:
+  """A reduce-scatter or all-gather over several fast domains: the native one of the whole
+  tensor inside each domain, the quantized one of a 1/k part across."""
+
+  def matches(self, cand: match.Candidate) -> bool:
+    return _route(cand) == "hierarchical" and cand.site.kind != "all_reduce"
+
+  def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
+    site, scheme = cand.site, ctx.policy.scheme
+    levels, outer = plan.schedule_levels(cand, ctx.topology)
+    assert site.groups is not None
+    order = hierarchical.piece_order(site.groups, levels)
+    assert not isinstance(order, str)  # the plan checked it
+    result_type = ir.RankedTensorType((cand.slice_op or cand.op).results[0].type)
+    gather = site.kind == "all_gather"
+
+    def cross_pieces(part: ir.Value, piece_type: ir.RankedTensorType) -> ir.Value:
+      size = int(np.prod(ir.RankedTensorType(part.type).shape, dtype=np.int64))
+      layout = scheme.layout(size * levels.domains if gather else size, levels.domains)
+      site_plan = ctx.site_plan(cand, layout, outer)
+      if gather:
+        return emit_all_gather(part, site_plan, ctx.channels, Pieces(0, 1, piece_type))[0]
+      pieces = Pieces(0, levels.domains, piece_type)
+      return scheme.algo.emit_pieces(part, site_plan, ctx.channels, pieces)[0]
+
+    emit_levels = hierarchical.emit_all_gather if gather else hierarchical.emit_reduce_scatter
+
+    def emit(operands: list[ir.Value]) -> list[ir.Value]:
+      return emit_levels(
+        operands[0],
+        levels,
+        order,
+        site.dimension,
+        result_type,
+        site.device_kind,
+        ctx.channels,
+        cross_pieces,
+        site.num_devices,
+        ctx.target == "cpu",
+      )
+
+    return Replacement(emit, f"the hierarchical {site.kind}", _EXCLUDE)
+
+
+class FlatAllReducePattern:
+  """The scheme's algorithm over the whole group."""
+
+  def matches(self, cand: match.Candidate) -> bool:
+    return _route(cand) == "flat" and cand.site.kind == "all_reduce"
+
+  def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
+    scheme = ctx.policy.scheme
+    emit = functools.partial(
+      scheme.algo.emit,
+      plan=ctx.site_plan(cand, cand.layout, cand.schedule),
+      channels=ctx.channels,
+      tiled=ctx.tiled_form,
+    )
+    return Replacement(emit, f"the quantized {scheme.algorithm} all-reduce", _EXCLUDE)
+
+
+class FlatPiecesPattern:
+  """A reduce-scatter (the algorithm's first half) or an all-gather (one quantization, one
+  all_gather) over the whole group."""
+
+  def matches(self, cand: match.Candidate) -> bool:
+    return _route(cand) == "flat" and cand.site.kind != "all_reduce"
+
+  def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
+    site = cand.site
+    result = (cand.slice_op or cand.op).results[0]
+    pieces = Pieces(
+      site.dimension,
+      site.group_size if site.kind == "reduce_scatter" else 1,
+      ir.RankedTensorType(result.type),
+    )
+    emitter = (
+      ctx.policy.scheme.algo.emit_pieces if site.kind == "reduce_scatter" else emit_all_gather
+    )
+    site_plan = ctx.site_plan(cand, cand.layout, cand.schedule)
+    return Replacement(
+      lambda operands: emitter(operands[0], site_plan, ctx.channels, pieces),
+      f"the quantized {site.kind}",
+      _EXCLUDE,
+    )
+
+
+PATTERNS: list[SitePattern] = [
+  IdentityPattern(),
+  CalibratedPattern(),
+  HierarchicalAllReducePattern(),
+  HierarchicalPiecesPattern(),
+  FlatAllReducePattern(),
+  FlatPiecesPattern(),
+]
+
+
+def pattern_for(cand: match.Candidate) -> SitePattern:
+  for pattern in PATTERNS:
+    if pattern.matches(cand):
+      return pattern
+  raise AssertionError(f"no rewrite pattern for route {_route(cand)!r} of a {cand.site.kind}")
+
+
+def emit_native(cand: match.Candidate, operands: list[ir.Value]) -> list[ir.Value]:
+  """--equarx_identity: the site's collective itself, on `operands`: a copy of the op; for
+  an all-reduce and the slice of each rank's piece (taken as a reduce-scatter), one native
+  reduce-scatter over the recognised dimension and the all-reduce's groups, so that a
+  recognition that named the wrong pieces gives other results than plain jax.jit."""
+  op = cand.op
+  if cand.slice_op is None:
+    new = op.clone()
+    for i, value in enumerate(operands):
+      new.operands[i] = value
+    return list(new.results)
+  attrs = op.attributes
+  result_type = cand.slice_op.results[0].type
+  (operand,) = operands
+  scatter = hlo.ReduceScatterOp(
+    result_type,
+    operand,
+    cand.site.dimension,
+    attrs["replica_groups"],
+    channel_handle=attrs["channel_handle"] if "channel_handle" in attrs else None,
+    use_global_device_ids=True if "use_global_device_ids" in attrs else None,
+  )
+  scalar = ir.RankedTensorType.get([], ir.RankedTensorType(result_type).element_type)
+  block = scatter.regions[0].blocks.append(scalar, scalar)
+  with ir.InsertionPoint(block):
+    hlo.ReturnOp([hlo.AddOp(block.arguments[0], block.arguments[1]).result])
+  return [scatter.result]
