@@ -20,7 +20,7 @@ from equarx_pass.errors import (
   RewriteError,
   VerifyError,
 )
-from equarx_pass.jit import Jitted, Report, jit
+from equarx_pass.jit import Jitted, LoweringReport, Report, jit
 from equarx_pass.parse import parse_bytes, parse_file
 from equarx_pass.calibrated.calibrate import calibrate
 from equarx_pass.policy import Policy
@@ -36,6 +36,7 @@ __all__ = [
   "RewriteError",
   "VerifyError",
   "Jitted",
+  "LoweringReport",
   "Report",
   "jit",
   "parse_bytes",

@@ -39,13 +39,18 @@ import numpy as np
 
 from equarx_pass import _jax_private, match, partitioned, report, topology
 from equarx_pass import tpu_aot
-from equarx_pass.errors import EquarxWarning, RewriteError
+from equarx_pass.errors import EquarxWarning, FlagError, RewriteError
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import SiteRecord, rewrite_module
 
 
 def resolve_policy(policy: Policy | None = None, flags: str | None = None) -> Policy:
   """`policy` (default: from $EQUARX_FLAGS) with `flags` applied on top."""
+  if policy is not None and not isinstance(policy, Policy):
+    hint = " (a flag string goes in flags=)" if isinstance(policy, str) else ""
+    raise FlagError(f"policy must be an equarx_pass.Policy, got {type(policy).__name__}{hint}")
+  if flags is not None and not isinstance(flags, str):
+    raise FlagError(f"flags must be a string of --equarx_* flags, got {type(flags).__name__}")
   base = policy if policy is not None else Policy.from_env()
   return Policy.from_flags(flags, base=base) if flags else base
 

@@ -106,7 +106,7 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:
   if site.kind == "all_reduce" and policy.hierarchy == "auto" and not policy.calibration:
     why = split_groups(site.groups, topology)
     if isinstance(why, str) and why != "inside one fast domain":
-      note = f"flat: the group {why}"
+      note = f"not hierarchical: the group {why}"
   return Route("flat", native, rewritten, nbytes, note)
 
 

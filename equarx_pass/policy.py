@@ -413,7 +413,7 @@ FLAGS = {
       "equarx_block_size",
       "block_size",
       _parse_int,
-      "values per scale",
+      "values per scale (0: the default)",
       metavar="N",
       default="one rotation (128, or `--equarx_rotation_size`) with a rotation in the tiled "
       "form, else 1024; `mxint8`: 32",

@@ -124,7 +124,9 @@ def test_uneven_domains_fall_back_to_flat_with_the_reason():
   got = np.asarray(w(sharded(x)))
   [record] = w.report.records
   assert record.rewritten and record.route == "flat"
-  assert "flat: the group spans 3 fast domains unevenly (3, 3, 2 members)" in record.reason
+  assert (
+    "not hierarchical: the group spans 3 fast domains unevenly (3, 3, 2 members)" in record.reason
+  )
   assert all(np.array_equal(got[0], got[r]) for r in range(8))
 
 

@@ -193,6 +193,19 @@ def test_bad_flags_raise_flag_error_naming_the_flag(monkeypatch, flags, named):
     equarx_pass.jit(flags="--equarx_enable")  # env still applies first
 
 
+@pytest.mark.parametrize(
+  "kwargs, named",
+  [
+    ({"flags": 42}, "flags must be a string of --equarx_\\* flags, got int"),
+    ({"policy": "--equarx_enable"}, r"policy must be an equarx_pass.Policy, got str \(a flag"),
+    ({"policy": {"enable": True}}, "policy must be an equarx_pass.Policy, got dict"),
+  ],
+)
+def test_wrong_argument_types_raise_flag_error(kwargs, named):
+  with pytest.raises(equarx_pass.FlagError, match=named):
+    equarx_pass.jit(PSUM, **kwargs)
+
+
 def test_flag_error_is_a_value_error():
   with pytest.raises(ValueError):
     equarx_pass.Policy(block_size=-1)
