@@ -15,7 +15,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = os.path.join(ROOT, "tools")
 # Modules the tools import, not tools of their own.
-LIBRARIES = {"__init__", "__main__", "benchlib"}
+LIBRARIES = {"__init__", "__main__", "benchlib", "flax_examples"}
 
 pytestmark = pytest.mark.skipif(
   not os.path.isdir(TOOLS), reason="tools/ is not in the sdist: run from a checkout"

@@ -41,7 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
-from check_lm1b import _Inert, _try_import  # noqa: E402
+from flax_examples import install_stand_ins  # noqa: E402
 
 STAND_INS = (
   "clu",
@@ -67,11 +67,7 @@ def import_example(gemma_dir: str):
     if not os.path.exists(os.path.join(gemma_dir, f)):
       sys.exit(f"--gemma-dir {gemma_dir}: no {f}; pass flax's examples/gemma directory")
   sys.path.insert(0, gemma_dir)
-  stand_ins = []
-  for name in STAND_INS:
-    if not _try_import(name):
-      sys.modules[name] = _Inert(name)
-      stand_ins.append(name)
+  stand_ins = install_stand_ins(STAND_INS)
   import sow_lib
   import train
   import transformer

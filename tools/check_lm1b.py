@@ -44,11 +44,9 @@ are not installed, inert stand-in modules are put in sys.modules so that train.p
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
-import types
 
 os.environ["JAX_PLATFORMS"] = os.environ.get("JAX_PLATFORMS") or "cpu"
 os.environ["XLA_FLAGS"] = (
@@ -60,59 +58,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 import benchlib  # noqa: E402
+from flax_examples import as64, flax_commit, install_stand_ins, padded_tokens  # noqa: E402
 
 DEFAULT_FLAGS = "--equarx_enable --equarx_min_bytes=0"
 DEFAULT_OUT = os.path.join(benchlib.RESULTS, "lm1b_check.json")
+# Imported in this order, each a stand-in where it is not installed (flax_examples.py).
+STAND_INS = (
+  "tensorflow",
+  "clu",
+  "clu.metric_writers",
+  "clu.periodic_actions",
+  "ml_collections",
+  "input_pipeline",
+)
 
 
 # ----------------------------------------------------------------------------- imports
-
-
-class _Inert(types.ModuleType):
-  """A stand-in module: every attribute is another stand-in (tf.data.Dataset, ...)."""
-
-  def __getattr__(self, name):
-    if name.startswith("__"):
-      raise AttributeError(name)
-    sub = _Inert(f"{self.__name__}.{name}")
-    setattr(self, name, sub)
-    return sub
-
-  def __call__(self, *args, **kwargs):
-    raise RuntimeError(f"{self.__name__} is a stand-in module of tools/check_lm1b.py")
-
-
-class _ConfigDict:
-  """ml_collections.ConfigDict as configs/default.py uses it: attributes, dict()."""
-
-  def __init__(self):
-    object.__setattr__(self, "_d", {})
-
-  def __getattr__(self, name):
-    try:
-      return self._d[name]
-    except KeyError:
-      raise AttributeError(name) from None
-
-  def __setattr__(self, name, value):
-    self._d[name] = value
-
-  def keys(self):
-    return self._d.keys()
-
-  def __getitem__(self, k):
-    return self._d[k]
-
-
-def _try_import(name):
-  try:
-    importlib.import_module(name)
-    return True
-  except Exception:  # ImportError, or a stand-in failing at module level
-    for k in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-      if not isinstance(sys.modules[k], _Inert):
-        del sys.modules[k]
-    return False
 
 
 def import_example(lm1b_dir: str):
@@ -126,19 +87,7 @@ def import_example(lm1b_dir: str):
   # utils.py take from flax before any stand-in exists, so flax sees the truth.
   import flax.training.checkpoints, flax.training.common_utils, flax.training.train_state  # noqa
 
-  stand_ins = []
-  for name in ("tensorflow", "clu", "clu.metric_writers", "clu.periodic_actions"):
-    if not _try_import(name):
-      sys.modules[name] = _Inert(name)
-      stand_ins.append(name)
-  if not _try_import("ml_collections"):
-    mc = types.ModuleType("ml_collections")
-    mc.ConfigDict = _ConfigDict
-    sys.modules["ml_collections"] = mc
-    stand_ins.append("ml_collections")
-  if not _try_import("input_pipeline"):
-    sys.modules["input_pipeline"] = _Inert("input_pipeline")
-    stand_ins.append("input_pipeline")
+  stand_ins = install_stand_ins(STAND_INS)
   import models  # the example's
   import train
   import utils
@@ -149,23 +98,7 @@ def import_example(lm1b_dir: str):
   return models, train, utils, default, stand_ins
 
 
-def flax_commit(lm1b_dir: str) -> str:
-  import subprocess
-
-  try:
-    out = subprocess.run(
-      ["git", "-C", lm1b_dir, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
-    )
-    return out.stdout.strip() if out.returncode == 0 else ""
-  except (OSError, subprocess.SubprocessError):
-    return ""
-
-
 # ----------------------------------------------------------------------------- comparisons
-
-
-def as64(x):
-  return np.asarray(x, np.float64)
 
 
 def rel_l2(got, want):
@@ -277,10 +210,7 @@ def make_batches(opts, n):
   rng = np.random.default_rng(opts.seed)
   out = []
   for _ in range(n):
-    toks = rng.integers(1, opts.vocab, size=(opts.batch, opts.seq), dtype=np.int32)
-    lengths = rng.integers(opts.seq // 2, opts.seq + 1, size=opts.batch)
-    toks[np.arange(opts.seq)[None, :] >= lengths[:, None]] = 0
-    out.append({"inputs": toks})
+    out.append({"inputs": padded_tokens(rng, opts.vocab, opts.batch, opts.seq)})
   return out
 
 

@@ -67,7 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy as np  # noqa: E402
 
 import benchlib  # noqa: E402
-from check_lm1b import _ConfigDict, _Inert, _try_import, flax_commit  # noqa: E402
+from flax_examples import as64, flax_commit, install_stand_ins, padded_tokens  # noqa: E402
 
 DEFAULT_FLAGS = "--equarx_enable --equarx_min_bytes=0"
 DEFAULT_OUT = os.path.join(benchlib.RESULTS, "wmt_check.json")
@@ -79,6 +79,7 @@ STAND_INS = (
   "orbax",
   "orbax.checkpoint",
   "input_pipeline",
+  "ml_collections",
 )
 FSDP_MIN_SIZE = 4096  # smaller arrays (biases, LayerNorm) stay replicated
 
@@ -97,16 +98,7 @@ def import_example(wmt_dir: str):
   # from flax before any stand-in exists, so flax sees the truth.
   import flax.training.checkpoints, flax.training.common_utils, flax.training.train_state  # noqa
 
-  stand_ins = []
-  for name in STAND_INS:
-    if not _try_import(name):
-      sys.modules[name] = _Inert(name)
-      stand_ins.append(name)
-  if not _try_import("ml_collections"):
-    mc = types.ModuleType("ml_collections")
-    mc.ConfigDict = _ConfigDict
-    sys.modules["ml_collections"] = mc
-    stand_ins.append("ml_collections")
+  stand_ins = install_stand_ins(STAND_INS)
   import models  # the example's
   import train
   from configs import default
@@ -152,10 +144,6 @@ def without_batch_collectives(train):
 
 
 # ----------------------------------------------------------------------------- comparisons
-
-
-def as64(x):
-  return np.asarray(x, np.float64)
 
 
 def leaf_diffs(got, want) -> dict:
@@ -269,10 +257,7 @@ def make_batches(opts, n):
   for _ in range(n):
     batch = {}
     for key in ("inputs", "targets"):
-      toks = rng.integers(1, opts.vocab, size=(opts.batch, opts.seq), dtype=np.int32)
-      lengths = rng.integers(opts.seq // 2, opts.seq + 1, size=opts.batch)
-      toks[np.arange(opts.seq)[None, :] >= lengths[:, None]] = 0
-      batch[key] = toks
+      batch[key] = padded_tokens(rng, opts.vocab, opts.batch, opts.seq)
     out.append(batch)
   return out
 
