@@ -60,11 +60,11 @@ def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route 
   k, s = levels.per_domain, levels.domains
   values = sum(o.size for o in site.operands)
   note = f"levels={s}x{k}"
-  if site.kind == "all_reduce" and cand.slice_op is None:
+  native = _native(cand, nbytes, itemsize, topology)
+  if site.kind == "all_reduce":
     layout = scheme.layout(-(-values // k), s)
     inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
     across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(policy, s))
-    native = cost.native_all_reduce(site.groups[0], nbytes, itemsize, topology)
     return Route("hierarchical", native, inside + across, nbytes // k, note)
   if isinstance(hierarchical.piece_order(site.groups, levels), str):
     return None
@@ -78,8 +78,6 @@ def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route 
   across = cost.Traffic(
     slow=scheme.wire_bytes(layout, site.kind), slow_steps=max(1, _steps(policy, s) // 2)
   )
-  full = cost.native_all_reduce(site.groups[0], whole, itemsize, topology)
-  native = cost.Traffic(full.fast / 2, full.slow / 2, full.fast_steps // 2, full.slow_steps // 2)
   return Route("hierarchical", native, inside + across, whole // k, note)
 
 
@@ -91,16 +89,10 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:
   scheme = policy.scheme
   wire = scheme.wire_bytes(cand.layout, site.kind)
   ring = scheme.algorithm != "two_shot" and site.kind != "all_gather"
-  if site.kind == "all_reduce":
-    native = cost.native_all_reduce(group, nbytes, itemsize, topology)
-    steps = _steps(policy, len(group))
-  else:  # half an all-reduce's bytes and steps, of the whole tensor
-    whole_bytes = nbytes * len(group) if site.kind == "all_gather" else nbytes
-    whole = cost.native_all_reduce(group, whole_bytes, itemsize, topology)
-    native = cost.Traffic(
-      whole.fast / 2, whole.slow / 2, whole.fast_steps // 2, whole.slow_steps // 2
-    )
-    steps = max(1, _steps(policy, len(group)) // 2)
+  native = _native(cand, nbytes, itemsize, topology)
+  steps = _steps(policy, len(group))
+  if site.kind != "all_reduce":  # half an all-reduce's steps
+    steps = max(1, steps // 2)
   rewritten = cost.quantized_flat(group, wire, steps, topology, ring)
   note = ""
   if site.kind == "all_reduce" and policy.hierarchy == "auto" and not policy.calibration:
@@ -108,6 +100,19 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:
     if isinstance(why, str) and why != "inside one fast domain":
       note = f"not hierarchical: the group {why}"
   return Route("flat", native, rewritten, nbytes, note)
+
+
+def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> cost.Traffic:
+  """What the native collective sends: an all-reduce's bytes and steps; a reduce-scatter's
+  or an all-gather's, half those of an all-reduce of the whole tensor."""
+  site = cand.site
+  assert site.groups is not None
+  group = site.groups[0]
+  if site.kind == "all_reduce":
+    return cost.native_all_reduce(group, nbytes, itemsize, topology)
+  whole = nbytes * len(group) if site.kind == "all_gather" else nbytes
+  full = cost.native_all_reduce(group, whole, itemsize, topology)
+  return cost.Traffic(full.fast / 2, full.slow / 2, full.fast_steps // 2, full.slow_steps // 2)
 
 
 def _steps(policy: Policy, group_size: int) -> int:
