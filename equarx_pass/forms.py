@@ -30,7 +30,14 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass import rotation, rotation_emit
-from equarx_pass.hlo_builder import ChannelAllocator, Collectives, Emitter, narrow_float, shape_of
+from equarx_pass.hlo_builder import (
+  ChannelAllocator,
+  Collectives,
+  Emitter,
+  front_order,
+  narrow_float,
+  shape_of,
+)
 from equarx_pass.layout import ChunkLayout, DeviceKind, GroupSchedule
 from equarx_pass.quantize_emit import FlatCodec, TileCodec
 
@@ -115,11 +122,6 @@ def _moved_shape(shape: Sequence[int], dimension: int) -> tuple[int, ...]:
   return (shape[dimension], *shape[:dimension], *shape[dimension + 1 :])
 
 
-def _moved_order(rank: int, dimension: int) -> list[int]:
-  """The transpose that moves `dimension` to the front."""
-  return [dimension] + [i for i in range(rank) if i != dimension]
-
-
 class TiledSite:
   """The tiled form's start: `chunks` [N, *tile] (rotated where the scheme rotates; 16-bit
   floats stay 16-bit until a step reads them); `finish` takes the gathered codes and
@@ -185,7 +187,7 @@ class TiledSite:
     shape = shape_of(operand)
     x = operand
     if pieces.dimension:
-      x = hlo.TransposeOp(x, _moved_order(len(shape), pieces.dimension)).result
+      x = hlo.TransposeOp(x, front_order(len(shape), pieces.dimension)).result
     size = int(np.prod(shape, dtype=np.int64)) // pieces.rows
     x = em.reshape(em.convert(x, entry), (pieces.rows, size))
     if c > size:
@@ -205,7 +207,7 @@ class TiledSite:
       x = em.slice(x, (0, 0), (rows, size))
     x = em.reshape(x, moved)
     if pieces.dimension:
-      back = np.argsort(_moved_order(len(moved), pieces.dimension))
+      back = np.argsort(front_order(len(moved), pieces.dimension))
       x = hlo.TransposeOp(x, [int(i) for i in back]).result
     return em.convert(x, result.element_type)
 

@@ -24,7 +24,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass.hlo_builder import DEVICE_TO_DEVICE, ChannelAllocator, Emitter, narrow_float
-from equarx_pass.hlo_builder import shape_of, tensor
+from equarx_pass.hlo_builder import front_order, shape_of, tensor
 from equarx_pass.layout import DeviceKind
 from equarx_pass.topology import Levels, split_groups  # noqa: F401  (re-exported)
 
@@ -250,18 +250,14 @@ def _reorder_rows(em: Emitter, x: ir.Value, order: Sequence[int]) -> ir.Value:
 def _moved(x: ir.Value, dimension: int) -> ir.Value:
   if not dimension:
     return x
-  rank = len(shape_of(x))
-  order = [dimension] + [i for i in range(rank) if i != dimension]
-  return hlo.TransposeOp(x, order).result
+  return hlo.TransposeOp(x, front_order(len(shape_of(x)), dimension)).result
 
 
 def _moved_back(x: ir.Value, dimension: int) -> ir.Value:
   if not dimension:
     return x
-  rank = len(shape_of(x))
-  order = [dimension] + [i for i in range(rank) if i != dimension]
-  back = [order.index(i) for i in range(rank)]
-  return hlo.TransposeOp(x, back).result
+  order = front_order(len(shape_of(x)), dimension)
+  return hlo.TransposeOp(x, [order.index(i) for i in range(len(order))]).result
 
 
 def emit_reduce_scatter(

@@ -42,6 +42,11 @@ def shape_of(x: ir.Value) -> tuple[int, ...]:
   return tuple(ir.RankedTensorType(x.type).shape)
 
 
+def front_order(rank: int, dimension: int) -> list[int]:
+  """The transpose permutation that moves `dimension` to the front, the others in order."""
+  return [dimension] + [i for i in range(rank) if i != dimension]
+
+
 class Emitter:
   """Small typed helpers over the op builders; every value is a ranked tensor."""
 
