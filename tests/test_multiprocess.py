@@ -82,6 +82,31 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
+def run_processes(argvs: list[list[str]], env: dict) -> list[str]:
+  """`python -c ARGV...` for each of `argvs`, side by side; their output, once every one has
+  exited 0.  A hung or failed peer is killed: none outlives the test."""
+  procs = [
+    subprocess.Popen(
+      [sys.executable, "-c", *argv],
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      env=env,
+    )
+    for argv in argvs
+  ]
+  try:
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+  finally:
+    for p in procs:
+      if p.poll() is None:
+        p.kill()
+        p.wait()
+  for i, p in enumerate(procs):
+    assert p.returncode == 0, f"process {i} failed ({p.returncode}):\n{logs[i][-3000:]}"
+  return logs
+
+
 def ring_groups(axes):
   """Mesh positions (i, j) of each group of a psum over `axes`, in ring order."""
   if axes == ("a",):
@@ -103,34 +128,8 @@ def test_two_processes_give_identical_bits(tmp_path):
   )
   env.pop("EQUARX_FLAGS", None)
   port = free_port()
-  procs = [
-    subprocess.Popen(
-      [
-        sys.executable,
-        "-c",
-        CHILD,
-        str(i),
-        str(port),
-        str(tmp_path),
-        json.dumps(SCHEMES),
-        json.dumps(AXES),
-      ],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-      env=env,
-    )
-    for i in range(2)
-  ]
-  try:
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-  finally:
-    for p in procs:  # a hung or failed peer must not outlive the test
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  for i, p in enumerate(procs):
-    assert p.returncode == 0, f"process {i} failed ({p.returncode}):\n{logs[i][-3000:]}"
+  child = [str(port), str(tmp_path), json.dumps(SCHEMES), json.dumps(AXES)]
+  run_processes([[CHILD, str(i), *child] for i in range(2)], env)
 
   reports = [json.loads((tmp_path / f"report{i}.json").read_text()) for i in range(2)]
   assert reports[0] == reports[1], "the processes rewrote the program differently"
@@ -211,27 +210,8 @@ def test_hierarchical_route_gives_the_same_bits_every_call():
   env.pop("XLA_FLAGS", None)
   env.pop("EQUARX_FLAGS", None)
   port = free_port()
-  procs = [
-    subprocess.Popen(
-      [sys.executable, "-c", REPEAT_CHILD, str(i), "4", "2", str(port)],
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-      env=env,
-    )
-    for i in range(4)
-  ]
-  try:
-    logs = [p.communicate(timeout=300)[0] for p in procs]
-  finally:
-    for p in procs:
-      if p.poll() is None:
-        p.kill()
-        p.wait()
-  results = []
-  for i, p in enumerate(procs):
-    assert p.returncode == 0, f"process {i} failed ({p.returncode}):\n{logs[i][-3000:]}"
-    results.append(json.loads(logs[i].strip().splitlines()[-1]))
+  logs = run_processes([[REPEAT_CHILD, str(i), "4", "2", str(port)] for i in range(4)], env)
+  results = [json.loads(log.strip().splitlines()[-1]) for log in logs]
   assert {r["route"] for r in results} == {"hierarchical"}
   for r in results:
     assert len(set(r["digests"])) == 1, r["digests"]
