@@ -22,7 +22,8 @@ Run it with XLA's collective timeouts lowered to see a hang fail fast:
 
 train.py imports clu, grain, orbax, sentencepiece and its data pipeline at module level for
 code this tool does not run; where those are not installed, inert stand-in modules take
-their place, and the output says which.
+their place, and the output says which.  The model code itself needs jaxtyping
+(`pip install jaxtyping`).
 """
 
 from __future__ import annotations
@@ -68,10 +69,13 @@ def import_example(gemma_dir: str):
       sys.exit(f"--gemma-dir {gemma_dir}: no {f}; pass flax's examples/gemma directory")
   sys.path.insert(0, gemma_dir)
   stand_ins = install_stand_ins(STAND_INS)
-  import sow_lib
-  import train
-  import transformer
-  import transformer_cfg
+  try:
+    import sow_lib
+    import train
+    import transformer
+    import transformer_cfg
+  except ModuleNotFoundError as e:  # what the model code itself needs (jaxtyping)
+    sys.exit(f"--gemma-dir {gemma_dir}: the example imports {e.name}, which is not installed")
 
   for mod in (train, transformer, sow_lib, transformer_cfg):
     assert os.path.abspath(mod.__file__).startswith(gemma_dir), mod.__file__
