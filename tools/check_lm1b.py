@@ -502,7 +502,7 @@ def main(argv=None):
     f"flax {flax.__version__}, {len(jax.devices())} {jax.devices()[0].platform} devices"
   )
   if stand_ins:
-    print(f"stand-in modules (not installed, unused by the code run): {', '.join(stand_ins)}")
+    print(f"stand-in modules (not importable here, unused by the code run): {', '.join(stand_ins)}")
   print(
     f"model: {opts.layers} layers, emb/qkv {opts.emb}, mlp {opts.mlp}, heads {opts.heads}, "
     f"vocab {opts.vocab}, batch {opts.batch} x {opts.seq}, {opts.dtype}; "

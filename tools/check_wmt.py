@@ -504,7 +504,7 @@ def main(argv=None):
     f"{jax.devices()[0].platform} devices"
   )
   if stand_ins:
-    print(f"stand-in modules (not installed, unused by the code run): {', '.join(stand_ins)}")
+    print(f"stand-in modules (not importable here, unused by the code run): {', '.join(stand_ins)}")
   print(
     f"model: {opts.layers}+{opts.layers} layers, emb/qkv {opts.emb}, mlp {opts.mlp}, heads "
     f"{opts.heads}, vocab {opts.vocab}, batch {opts.batch} x {opts.seq}, f32; "
