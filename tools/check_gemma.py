@@ -103,7 +103,9 @@ def main() -> int:
 
   train, transformer, sow_lib, transformer_cfg, stand_ins = import_example(args.gemma_dir)
   if stand_ins:
-    print(f"stand-in modules (not importable here, not used by the train step): {', '.join(stand_ins)}")
+    print(
+      f"stand-in modules (not importable here, not used by the train step): {', '.join(stand_ins)}"
+    )
   shape = tuple(int(v) for v in args.mesh.split(","))
   mesh = jax.make_mesh(shape, ("fsdp", "tensor"))
   sharding = transformer_cfg.ShardingConfig.fsdp_tp_sharding(
