@@ -20,5 +20,5 @@ def emit_all_gather(
 ) -> list[ir.Value]:
   """The all-gather at the current insertion point: the result, one value."""
   site = TiledSite([operand], plan, channels, pieces)
-  codes, scales = site.codec.quantize(site.em.convert(site.chunks, site.em.f32))
+  codes, scales = site.quantize_chunks()
   return site.finish_pieces(site.coll.all_gather(codes), site.coll.all_gather(scales))

@@ -61,6 +61,12 @@ class SitePlan:
   # The tiled form's forward rotation as a matmul (TPU, GPU) rather than the model's
   # butterflies (CPU: the same bits as the model, at the same speed there).
   matmul_rotation: bool = True
+  # The block maximum's NaN guard in the reduction's combiner (TPU, GPU), not a
+  # select per value (CPU: quantize_emit.block_max).
+  nan_in_combiner: bool = False
+  # Blocks in the order of the operand's (8, 128) tiles where its shape has them (TPU,
+  # which stores arrays so), not in its flat order (TiledSite.operand_tiles).
+  tile_order: bool = False
   # Whether a loop may hold collectives.  Not on XLA:CPU, which orders a loop's
   # collectives after the collectives that follow it only by the loop's launch: one
   # order of collectives on every device needs them written out there (outline.py).
@@ -71,6 +77,55 @@ class SitePlan:
     """The rotation's size, 0 without one."""
     s = self.scheme
     return s.resolved_rotation_size if s.rotation != rotation.NONE else 0
+
+
+def tile_shape(chunk: int, block: int, bits: int) -> tuple[tuple[int, ...], int]:
+  """The tiled form's chunk shape and how many of its last dimensions make a block.
+
+  R blocks of S x W (W = 128 when the block is a multiple of 128); 8-bit codes of
+  one-row blocks of 128 lanes eight to a tile [R / 8, 8, 128] (scales [R / 8, 8]); else
+  [R, W].  Never a size-1 dimension above the lanes.  By the TPU compiler's estimates
+  (v5e:2x2, 32 MiB of bf16, the NaN guard as a select) int8 two-shot with block 128 and
+  H_128 costs 6.80x the native all-reduce's on-chip time so, 11.15x as [R, 128] (whose
+  scales a TPU lays out along lanes and relayouts); the int4 ring with block 128 6.03x as [R, 128], 7.03x
+  (nibbles paired across lanes) and 7.25x (across rows) as [R / 8, 8, 128]."""
+  w = LANES if block % LANES == 0 else block
+  rows = block // w
+  if rows > 1:
+    return (chunk // block, rows, w), 2
+  if w == LANES and (chunk // block) % SUBLANES == 0 and bits == 8:
+    return (chunk // block // SUBLANES, SUBLANES, w), 1
+  return (chunk // block, w), 1
+
+
+def tile_grid(
+  shapes: Sequence[Sequence[int]], scheme: Scheme, layout: ChunkLayout
+) -> tuple[int, int, int] | str:
+  """(leading size, tile rows, tile columns) of the operand's (8, 128) tiles, where the
+  tiled form may take its blocks in their order; else why it flattens the operands.
+
+  A TPU stores an array of two dimensions or more in (8, 128) tiles of its last two.
+  Flattened, a block of 128 values is still one tile row, but the chunks are runs of the
+  flat order, so the compiler relayouts the whole operand on the way in and out
+  (v5e:2x2, 32 MiB of bf16 as [16384, 1024], the default: 14.7x native's bytes by its
+  estimates and 128 MiB of temporary memory, against 6.5x and none in tile order).  In
+  tile order the same blocks are read where they lie.  Only where no bit depends on the
+  order: one operand, blocks of one tile row, an algorithm whose blocks sum alike in
+  every chunk (the padding is whole zero tiles either way)."""
+  if not scheme.algo.chunk_order_free:
+    return f"{scheme.algorithm} sums each chunk in its own order"
+  if len(shapes) != 1:
+    return "several operands"
+  tile, _ = tile_shape(layout.chunk, layout.block, scheme.fmt.bits)
+  if layout.block != LANES:
+    return f"blocks of {layout.block} values"
+  if tile[1:] != (SUBLANES, LANES):
+    return f"chunks of {layout.chunk} values are not whole (8, 128) tiles"
+  shape = list(shapes[0])
+  if len(shape) < 2 or shape[-2] % SUBLANES or shape[-1] % LANES:
+    return f"shape {shape} is not whole (8, 128) tiles"
+  lead = int(np.prod(shape[:-2], dtype=np.int64))
+  return lead, shape[-2] // SUBLANES, shape[-1] // LANES
 
 
 class FlatSite:
@@ -140,46 +195,99 @@ class TiledSite:
     self.coll = Collectives(em, plan, channels)
     self.fmt = plan.scheme.fmt
     self.n, c, block = plan.layout.group_size, plan.layout.chunk, plan.layout.block
-    w = LANES if block % LANES == 0 else block
-    # One chunk: R blocks of S x W; 8-bit codes of one-row blocks of 128 lanes eight to
-    # a tile [R / 8, 8, 128], with scales [R / 8, 8]; else [R, W].  Never a size-1
-    # dimension above the lanes.  By the TPU compiler's estimates (v5e:2x2, 32 MiB of
-    # bf16) int8 two-shot with block 128 and H_128 costs 6.80x the native all-reduce's
-    # on-chip time so, 11.15x as [R, 128] (whose scales a TPU lays out along lanes and
-    # relayouts); the int4 ring with block 128 6.03x as [R, 128], 7.03x (nibbles paired
-    # across lanes) and 7.25x (across rows) as [R / 8, 8, 128].
-    rows = block // w
-    self.tile: tuple[int, ...]
-    if rows > 1:
-      self.tile, block_dims = (c // block, rows, w), 2
-    elif w == LANES and (c // block) % SUBLANES == 0 and self.fmt.bits == 8:
-      self.tile, block_dims = (c // block // SUBLANES, SUBLANES, w), 1
-    else:
-      self.tile, block_dims = (c // block, w), 1
+    self.tile, block_dims = tile_shape(c, block, self.fmt.bits)
+    rows = block // (LANES if block % LANES == 0 else block)
     # int4 bytes pair the halves of a block's rows where it has an even number of them,
     # else the halves of its lanes.
     pair_rows = block_dims == 2 and rows % 2 == 0
-    self.codec = TileCodec(em, self.fmt, block_dims, -2 if pair_rows else -1)
+    self.codec = TileCodec(em, self.fmt, block_dims, -2 if pair_rows else -1, plan.nan_in_combiner)
     self.types = [ir.RankedTensorType(v.type) for v in operands]
     self.size = plan.rotation_size
     # 16-bit floats stay 16-bit until a step reads them (exact), and enter the rotation's
     # matmul as they are: their products with +-1 are exact and the sums f32.
     entry = narrow_float(self.types) or em.f32
     self.pieces = pieces
-    if pieces is None:
+    grid = (
+      tile_grid([shape_of(v) for v in operands], plan.scheme, plan.layout)
+      if pieces is None and plan.tile_order
+      else None
+    )
+    self.tiles = grid if isinstance(grid, tuple) else None
+    if self.tiles is not None:
+      x = em.reshape(self._in_tile_order(operands[0], entry), (self.n, *self.tile))
+    elif pieces is None:
       x = em.reshape(em.flat_padded(operands, entry, plan.layout.padded), (self.n, *self.tile))
     else:
       x = em.reshape(self._piece_rows(operands[0], pieces, entry), (pieces.rows, *self.tile))
+    self._unrotated = x
+    self._forward_matrix: ir.Value | None = None
     if self.size and plan.matmul_rotation:
-      # (H / size) x in one matmul: the power-of-two scale is exact in the matrix and in
-      # the products (the same value as scaling first, unless a sum overflows).
-      x = rotation_emit.matmul(em, x, self.size, exact=False, forward=True)
+      x = self._rotate(x)
     elif self.size:
       # The model's butterflies, in its order: the same bits as the model.
       shape = shape_of(x)
       flat = em.reshape(em.convert(x, em.f32), (int(np.prod(shape, dtype=np.int64)),))
       x = em.reshape(rotation_emit.hadamard(em, flat, self.size), shape)
     self.chunks = x
+
+  def _in_tile_order(self, operand: ir.Value, entry: ir.Type) -> ir.Value:
+    """The operand as its (8, 128) tiles in storage order, [tiles, 8, 128], zero tiles
+    appended up to the padded size."""
+    em = self.em
+    assert self.tiles is not None
+    lead, rows, cols = self.tiles
+    x = em.reshape(em.convert(operand, entry), (lead, rows, SUBLANES, cols, LANES))
+    x = hlo.TransposeOp(x, [0, 1, 3, 2, 4]).result
+    count = lead * rows * cols
+    x = em.reshape(x, (count, SUBLANES, LANES))
+    padded = self.layout.padded // (SUBLANES * LANES)
+    if padded > count:
+      zero = em.splat(0, (), entry)
+      x = hlo.PadOp(x, zero, [0, 0, 0], [padded - count, 0, 0], [0, 0, 0]).result
+    return x
+
+  def _from_tile_order(self, values: ir.Value) -> ir.Value:
+    """_in_tile_order undone: values of all the tiles (any shape, in order) -> the
+    operand's shape and type."""
+    em = self.em
+    assert self.tiles is not None
+    lead, rows, cols = self.tiles
+    count = lead * rows * cols
+    x = em.reshape(values, (self.layout.padded // (SUBLANES * LANES), SUBLANES, LANES))
+    x = em.slice(x, (0, 0, 0), (count, SUBLANES, LANES))
+    x = em.reshape(x, (lead, rows, cols, SUBLANES, LANES))
+    x = hlo.TransposeOp(x, [0, 1, 3, 2, 4]).result
+    result = self.types[0]
+    return em.convert(em.reshape(x, result.shape), result.element_type)
+
+  def _rotate(self, x: ir.Value) -> ir.Value:
+    """(H / size) x in one matmul: the power-of-two scale is exact in the matrix and in
+    the products (the same value as scaling first, unless a sum overflows)."""
+    element_type = ir.RankedTensorType(x.type).element_type
+    if self._forward_matrix is None:
+      self._forward_matrix = rotation_emit.matrix(self.em, self.size, True, element_type)
+    return rotation_emit.matmul(
+      self.em, x, self.size, exact=False, forward=True, rhs=self._forward_matrix
+    )
+
+  def quantize_chunks(self) -> tuple[ir.Value, ir.Value]:
+    """Codes and scales of all the chunks [rows, *tile].
+
+    With the matmul rotation of a 16-bit operand the rotation runs twice, once for the
+    block maxima and once for the codes (TileCodec.quantize), its input behind an
+    optimization_barrier so that XLA keeps the two: a matmul is next to free on a TPU,
+    and its f32 result, twice the operand's bytes, then never goes to memory.  By the
+    TPU compiler's estimates (v5e:2x2, 512 MiB of bf16 per chip) the default then moves
+    4.52x the native all-reduce's bytes instead of 6.02x and needs 768 MiB of temporary
+    memory instead of 1032 MiB.  An f32 operand is read twice at the cost of the round
+    trip it saves, and is not (32 MiB: 3.37x against 4.63x)."""
+    em = self.em
+    x = em.convert(self.chunks, em.f32)
+    narrow = ir.RankedTensorType(self._unrotated.type).element_type != em.f32
+    if not (self.size and self.plan.matmul_rotation and narrow):
+      return self.codec.quantize(x)
+    barrier = hlo.OptimizationBarrierOp([self._unrotated]).results[0]
+    return self.codec.quantize(self._rotate(barrier), max_of=x)
 
   def _piece_rows(self, operand: ir.Value, pieces: Pieces, entry: ir.Type) -> ir.Value:
     """The operand's pieces, [rows, C] of `entry`: moved, cut, each padded to the chunk."""
@@ -235,7 +343,10 @@ class TiledSite:
 
   def finish(self, codes: ir.Value, scales: ir.Value) -> list[ir.Value]:
     """All N chunks' codes [N R, ...] and scales [N R, ...], in chunk order -> the results."""
-    return self.em.unflatten_like(self._dequantize(codes, scales), self.types)
+    values = self._dequantize(codes, scales)
+    if self.tiles is not None:
+      return [self._from_tile_order(values)]
+    return self.em.unflatten_like(values, self.types)
 
   def _dequantize(self, codes: ir.Value, scales: ir.Value) -> ir.Value:
     """Codes and scales -> f32 values, rotated back where the scheme rotates."""
@@ -247,9 +358,10 @@ class TiledSite:
       # The signs after H, as the model flips them: a zero sum at a flipped position is
       # -0 there (folded into the matrix it would come out +0).
       shape = shape_of(values)
-      flat = em.reshape(values, (int(np.prod(shape, dtype=np.int64)),))
+      if self.tiles is None:
+        values = em.reshape(values, (int(np.prod(shape, dtype=np.int64)),))
       values = em.reshape(
-        rotation_emit.times_per_position(em, flat, rotation.signs(self.size)), shape
+        rotation_emit.times_per_position(em, values, rotation.signs(self.size)), shape
       )
       scales = self.codec.scales(scales)
       lead = list(range(len(shape_of(scales))))

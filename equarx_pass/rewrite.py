@@ -22,7 +22,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import cost, match, outline, plan, site_patterns
+from equarx_pass import cost, forms, match, outline, plan, site_patterns
 from equarx_pass import topology as topology_lib
 from equarx_pass.calibrated import calibration, outlier
 from equarx_pass.hlo_builder import ChannelAllocator
@@ -91,6 +91,20 @@ def _ring_bytes_before(site: match.Site) -> int:
   return total
 
 
+def _tile_order_note(decision: match.Decision, policy: Policy, route: plan.Route) -> str:
+  """Where a TPU's tiled form takes the operand's blocks: in its own (8, 128) tiles, or
+  flattened, and why (forms.tile_grid)."""
+  if policy.platform != "tpu" or route.name != "flat" or decision.site.kind != "all_reduce":
+    return ""
+  if not isinstance(decision, match.Candidate) or decision.slice_op is not None:
+    return ""
+  shapes = [o.shape for o in decision.site.operands if o.shape is not None]
+  if len(shapes) != len(decision.site.operands):
+    return ""
+  grid = forms.tile_grid(shapes, policy.scheme, decision.layout)
+  return "; blocks in the operand's tiles" if isinstance(grid, tuple) else f"; flattened: {grid}"
+
+
 def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> SiteRecord:
   """flat_why: why the flat form is emitted, None: the tiled form is."""
   site = decision.site
@@ -115,7 +129,7 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
       reason += f"; {route.note}"
     reason += _more_bytes_note(route)
     if flat_why is None:
-      reason += "; tiled form"
+      reason += _tile_order_note(decision, policy, route) + "; tiled form"
     elif not policy.calibration:
       reason += f"; flat form ({flat_why})"
   if isinstance(decision, match.Candidate):

@@ -68,22 +68,42 @@ def hadamard(em: Emitter, x: ir.Value, size: int) -> ir.Value:
 
 
 def times_per_position(em: Emitter, x: ir.Value, factors: np.ndarray) -> ir.Value:
-  """A flat f32 vector times `factors` (f32 [size]) repeated along it."""
-  (m,) = shape_of(x)
+  """An f32 array times `factors` (f32 [size]) repeated along its flat order.  Where
+  its last dimension is `size` no reshape (which a TPU may relayout)."""
+  shape = shape_of(x)
   size = factors.shape[0]
-  rows = em.reshape(x, (m // size, size))
+  m = int(np.prod(shape, dtype=np.int64))
+  rows = x if shape[-1] == size else em.reshape(x, (m // size, size))
+  rows_shape = shape_of(rows)
   product = hlo.MulOp(
-    rows, em.bcast(em.const(factors.astype(np.float32), em.f32), (m // size, size), [1])
+    rows,
+    em.bcast(em.const(factors.astype(np.float32), em.f32), rows_shape, [len(rows_shape) - 1]),
   ).result
-  return em.reshape(product, (m,))
+  return em.reshape(product, shape)
 
 
-def matmul(em: Emitter, x: ir.Value, size: int, exact: bool, forward: bool) -> ir.Value:
+def matrix(em: Emitter, size: int, forward: bool, element_type: ir.Type) -> ir.Value:
+  """matmul's right-hand side, a constant of `element_type`."""
+  d = rotation.signs(size).astype(np.float64)
+  h = rotation.matrix(size)
+  values = d[:, None] * h * rotation.norm(size) if forward else h
+  return em.convert(em.const(values.astype(np.float32), em.f32), element_type)
+
+
+def matmul(
+  em: Emitter,
+  x: ir.Value,
+  size: int,
+  exact: bool,
+  forward: bool,
+  rhs: ir.Value | None = None,
+) -> ir.Value:
   """The rotation (forward: (H / size) D; else D H) on each consecutive `size` values of
   x, as one dot_general over [count, size] with an f32 result.  exact: x holds code
   values (small integers), whose products and sums f32 holds exactly, so any precision
   gives the same bits; so do 16-bit floats (x's type).  Else (f32) HIGHEST, so no
-  backend rounds x first."""
+  backend rounds x first.  `rhs`: the matrix from an earlier call with the same size,
+  direction and x type (one constant in the module, not two)."""
   shape = shape_of(x)
   # Over the tiles' last dimension when the rotation is as wide (no reshape, so no
   # relayout on a TPU); else over [count, size].
@@ -95,10 +115,8 @@ def matmul(em: Emitter, x: ir.Value, size: int, exact: bool, forward: bool) -> i
   # x @ M for a row x: forward M = D H / size ((H / size) D x as rotation.hadamard has it),
   # inverse M = H (the caller flips the signs after it, D H q).  Both exact in f32 and
   # bf16: entries +-1 or +-2^-k.
-  d = rotation.signs(size).astype(np.float64)
-  h = rotation.matrix(size)
-  matrix = d[:, None] * h * rotation.norm(size) if forward else h
-  rhs = em.convert(em.const(matrix.astype(np.float32), em.f32), element_type)
+  if rhs is None:
+    rhs = matrix(em, size, forward, element_type)
   dims = hlo.DotDimensionNumbers.get(
     lhs_batching_dimensions=[],
     rhs_batching_dimensions=[],

@@ -55,6 +55,8 @@ class RewriteContext:
       unrolled=site.nbytes >= self.policy.unroll_min_bytes,
       # On CPU: the model's butterflies (its bits), and no collective inside a loop.
       matmul_rotation=self.target != "cpu",
+      nan_in_combiner=self.target != "cpu",
+      tile_order=self.target == "tpu",
       collectives_in_loops=self.target != "cpu",
     )
 

@@ -33,6 +33,10 @@ class Algorithm:
   takes_microshards: bool = True  # whether --equarx_microshards applies
   has_tiled_form: bool = False
   emits_reduce_scatter: bool = False  # has a reduce-scatter half (--equarx_ops)
+  # Whether a block's result is the same whichever chunk it is in (two-shot: every chunk
+  # summed in group order), so the tiled form may take blocks in the operand's own tile
+  # order (forms.TiledSite).
+  chunk_order_free: bool = False
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """Bytes one rank sends for a site of `layout`: what the report prices and

@@ -85,6 +85,7 @@ class TwoShot(Algorithm):
   takes_microshards = False
   has_tiled_form = True
   emits_reduce_scatter = True
+  chunk_order_free = True
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """N-1 chunks in the all-to-all and N-1 in the all-gather: the ring's bytes."""
@@ -131,7 +132,7 @@ class TwoShot(Algorithm):
     """all_to_all of every chunk; the N terms summed in group order, written out (a loop
     from LOOP_FROM_MEMBERS members on: the same ops, in the same order)."""
     em, codec, coll = site.em, site.codec, site.coll
-    codes, scales = codec.quantize(em.convert(site.chunks, em.f32))
+    codes, scales = site.quantize_chunks()
     codes, scales = coll.all_to_all(codes), coll.all_to_all(scales)  # j: from rank j
     acc = plus_zero(em, codec.dequantize(row(em, codes, 0), row(em, scales, 0)))
     if site.n < LOOP_FROM_MEMBERS:
