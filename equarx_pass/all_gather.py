@@ -21,4 +21,4 @@ def emit_all_gather(
   """The all-gather at the current insertion point: the result, one value."""
   site = TiledSite([operand], plan, channels, pieces)
   codes, scales = site.quantize_chunks()
-  return site.finish_pieces(site.coll.all_gather(codes), site.coll.all_gather(scales))
+  return site.finish_pieces(*site.exchange(site.coll.all_gather, codes, scales))

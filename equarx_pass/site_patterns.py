@@ -57,6 +57,7 @@ class RewriteContext:
       matmul_rotation=self.target != "cpu",
       nan_in_combiner=self.target != "cpu",
       tile_order=self.target == "tpu",
+      pack_scales=self.target == "cpu",
       collectives_in_loops=self.target != "cpu",
     )
 

@@ -27,6 +27,8 @@ the owned chunks with one all_gather: the bytes the ring's all-gather steps forw
 
 from __future__ import annotations
 
+import functools
+
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
@@ -254,7 +256,7 @@ class Ring(Algorithm):
     codes, scales = site.codec.quantize(partial)  # rank r owns chunk (r + 1) mod N
     # Gathered from rank N-1 (which owns chunk 0) on, the chunks arrive in their order:
     # the group listed from its last rank, no reordering afterwards.
-    return coll.all_gather(codes, first=n - 1), coll.all_gather(scales, first=n - 1)
+    return site.exchange(functools.partial(coll.all_gather, first=n - 1), codes, scales)
 
   def emit_reduce_scatter(self, site: TiledSite) -> ir.Value:
     """The steps over the rows shifted by one, so that rank r ends owning row r."""
@@ -270,7 +272,7 @@ class Ring(Algorithm):
 
     def step_fn(step: ir.Value, partial: ir.Value) -> ir.Value:
       codes, scales = codec.quantize(partial)
-      codes, scales = coll.permute(codes, 1), coll.permute(scales, 1)
+      codes, scales = site.exchange(functools.partial(coll.permute, direction=1), codes, scales)
       behind = hlo.SubtractOp(em.add_i32(rank, -1 - shift), step).result
       return add(codec.dequantize(codes, scales), site.local(em.mod(behind, n)))
 

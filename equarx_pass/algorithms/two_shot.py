@@ -126,16 +126,18 @@ class TwoShot(Algorithm):
   def emit_tiled(self, site: TiledSite) -> tuple[ir.Value, ir.Value]:
     """The reduce-scatter half, its sum quantized once, all_gather."""
     codes, scales = site.codec.quantize(self.emit_reduce_scatter(site))
-    return site.coll.all_gather(codes), site.coll.all_gather(scales)
+    return site.exchange(site.coll.all_gather, codes, scales)
 
   def emit_reduce_scatter(self, site: TiledSite) -> ir.Value:
     """all_to_all of every chunk; the N terms summed in group order, written out (a loop
     from LOOP_FROM_MEMBERS members on: the same ops, in the same order)."""
     em, codec, coll = site.em, site.codec, site.coll
     codes, scales = site.quantize_chunks()
-    codes, scales = coll.all_to_all(codes), coll.all_to_all(scales)  # j: from rank j
+    codes, scales = site.exchange(coll.all_to_all, codes, scales, site.n)  # j: from rank j
     acc = plus_zero(em, codec.dequantize(row(em, codes, 0), row(em, scales, 0)))
-    if site.n < LOOP_FROM_MEMBERS:
+    import os
+
+    if site.n < LOOP_FROM_MEMBERS and not (os.environ.get("SUMLOOP") and not site.plan.unrolled):
       for j in range(1, site.n):
         acc = add(codec.dequantize(row(em, codes, j), row(em, scales, j)), acc)
       return acc
