@@ -101,6 +101,8 @@ def _tile_order_note(decision: match.Decision, policy: Policy, route: plan.Route
   shapes = [o.shape for o in decision.site.operands if o.shape is not None]
   if len(shapes) != len(decision.site.operands):
     return ""
+  if len(shapes) == 1 and len(shapes[0]) == 1:
+    return ""  # a vector: a TPU stores it in its flat order
   grid = forms.tile_grid(shapes, policy.scheme, decision.layout)
   return "; blocks in the operand's tiles" if isinstance(grid, tuple) else f"; flattened: {grid}"
 
