@@ -469,9 +469,10 @@ FLAGS = {
       "equarx_unroll_min_bytes",
       "unroll_min_bytes",
       _parse_int,
-      "ring schemes: all-reduces with at least N operand bytes get their reduce-scatter "
-      "steps written out instead of looped; faster at run time (a loop copies all N chunks "
-      "into its buffer on every call), larger module and longer compile",
+      "all-reduces with at least N operand bytes get the forms that run faster and compile "
+      "slower: the flat ring's reduce-scatter steps written out instead of looped (a loop "
+      "copies all N chunks into its buffer on every call), and on CPU the tiled form's "
+      "codes and scales on collectives of their own instead of one payload",
       metavar="N",
     ),
     Flag(

@@ -57,7 +57,9 @@ class RewriteContext:
       matmul_rotation=self.target != "cpu",
       nan_in_combiner=self.target != "cpu",
       tile_order=self.target == "tpu",
-      pack_scales=self.target == "cpu",
+      # One payload per exchange compiles faster where many small sites sit in one
+      # program; large sites run faster without the packing copies (forms.py).
+      pack_scales=self.target == "cpu" and site.nbytes < self.policy.unroll_min_bytes,
       collectives_in_loops=self.target != "cpu",
     )
 

@@ -193,3 +193,23 @@ def test_large_groups_loop_with_the_same_bits(monkeypatch, inputs, flags):
   looped = np.asarray(fn(inputs))
   assert "stablehlo.while" in fn.lower(inputs).as_text()
   np.testing.assert_array_equal(looped, written)
+
+
+@pytest.mark.parametrize("flags", ["", "--equarx_algorithm=ring --equarx_rotation=none"])
+def test_packed_and_separate_scales_give_the_same_bits(flags, inputs):
+  """On CPU the codes and scales of a small site travel in one payload per collective
+  (TiledSite.exchange); from --equarx_unroll_min_bytes on, each on its own: the same bits,
+  half the collectives."""
+  mesh = Mesh(np.array(jax.devices()), ("tp",))
+  cpu = TILED.replace("tpu", "cpu") + flags
+  packed = equarx_pass.jit(psum_program(mesh, "tp"), flags=cpu)
+  separate = equarx_pass.jit(psum_program(mesh, "tp"), flags=cpu + " --equarx_unroll_min_bytes=0")
+  np.testing.assert_array_equal(np.asarray(packed(inputs)), np.asarray(separate(inputs)))
+
+  def collectives(fn):
+    text = fn.lower(inputs).as_text()
+    return sum(
+      text.count(f"stablehlo.{op}") for op in ("all_to_all", "all_gather", "collective_permute")
+    )
+
+  assert 2 * collectives(packed) == collectives(separate)
