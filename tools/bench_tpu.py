@@ -2,10 +2,11 @@
 
     python tools/bench_tpu.py                  # v5e:2x2 and v4:2x2x1, 1 and 32 MiB: ~5 minutes
     python tools/bench_tpu.py --topology v4:2x2x1 --sizes 1M 32M --scheme="--equarx_enable"
+    python tools/bench_tpu.py --columns 1024   # [rows, 1024] per chip, as activations are
 
 No TPU is used or needed: libtpu compiles ahead of time for a named topology
 (equarx_pass.tpu_aot.compile_for_target).  For each topology, message size and dtype,
-a psum of a flat array over all chips is compiled as it is and rewritten by each
+a psum of a flat array (or with --columns, a [rows, columns] one) over all chips is compiled as it is and rewritten by each
 scheme in the form the pass emits for TPU (--equarx_platform=tpu: the tiled forms of
 two-shot and the ring; --form flat for the flat form).  Reported, all of it COMPILER ESTIMATES, not measurements:
 
@@ -158,6 +159,13 @@ def main() -> int:
     help="the emitted form: auto (what a TPU gets: tiled where the scheme has a tiled "
     "form) or flat (for comparison)",
   )
+  ap.add_argument(
+    "--columns",
+    type=int,
+    default=0,
+    help="the operand per chip as [rows, COLUMNS], as activations and weights are, "
+    "instead of a flat array (0)",
+  )
   ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "tpu.json"))
   args = ap.parse_args()
 
@@ -187,14 +195,15 @@ def main() -> int:
   rows = []
   for topology, n in chips.items():
     target = f"tpu:{topology}"
-    # A flat array per chip, as a psum of activations or gradients is.
+    # A flat array per chip, as a bucket of gradients is; or [rows, columns] (--columns).
     f = benchlib.psum_program(n)
     for dtype_name in args.dtypes:
       dtype = benchlib.jnp_dtype(dtype_name)
       for size_text in args.sizes:
         size = benchlib.parse_size(size_text)
         values = size // np.dtype(dtype).itemsize
-        module = f.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
+        shape = (n * values // args.columns, args.columns) if args.columns else (n * values,)
+        module = f.lower(jax.ShapeDtypeStruct(shape, dtype)).compiler_ir("stablehlo")
         # What the native all-reduce sends: a ring in the data's own type.
         native_ring = 2 * (n - 1) * -(-values // n) * np.dtype(dtype).itemsize
         for scheme in [""] + ok:
@@ -202,6 +211,7 @@ def main() -> int:
             topology=topology,
             dtype=dtype_name,
             size=size,
+            shape_per_chip=[values // args.columns, args.columns] if args.columns else [values],
             scheme=scheme,
             native_ring_bytes=native_ring,
           )
