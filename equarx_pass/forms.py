@@ -280,9 +280,9 @@ class TiledSite:
     block maxima and once for the codes (TileCodec.quantize), its input behind an
     optimization_barrier so that XLA keeps the two: a matmul is next to free on a TPU,
     and its f32 result, twice the operand's bytes, then never goes to memory.  By the
-    TPU compiler's estimates (v5e:2x2, 512 MiB of bf16 per chip) the default then moves
-    4.52x the native all-reduce's bytes instead of 6.02x and needs 768 MiB of temporary
-    memory instead of 1032 MiB.  An f32 operand is read twice at the cost of the round
+    TPU compiler's estimates (v5e:2x2, 512 MiB of bf16 per chip as [rows, 1024]) the
+    default moves 4.52x the native all-reduce's bytes instead of 6.02x and needs 768 MiB
+    of temporary memory instead of 1032 MiB.  An f32 operand is read twice at the cost of the round
     trip it saves, and is not (32 MiB: 3.37x against 4.63x)."""
     em = self.em
     x = em.convert(self.chunks, em.f32)
@@ -349,7 +349,7 @@ class TiledSite:
 
     XLA:CPU builds each computation's thunk graph with a transitive reduction whose cost
     grows faster than the number of collectives in it: the 128-layer forward program
-    (256 sites) compiled in 94.7 s with two collectives per exchange, 19.2 s with one
+    (256 sites) compiled in 94.7 s with two collectives per exchange, 20.2 s with one
     (`python tools/bench_compile.py --programs forward --layers 128 --tpu ''`).  The
     bytes are the same, but packing and unpacking are copies: 8 MiB of bf16 per device
     took 18.5 against 14.5 ms in two-shot without rotation, 13.2 against 8.3 ms in the
