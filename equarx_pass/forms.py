@@ -361,10 +361,13 @@ class TiledSite:
     em = self.em
     code_shape, scale_shape = shape_of(codes), shape_of(scales)
     scale_type = ir.RankedTensorType(scales.type).element_type
-    width = ir.FloatType(scale_type).width // 8 if isinstance(scale_type, ir.FloatType) else 1
+    # Scales travel as f32 (4 bytes each) or as one i8 byte (mx formats' exponents).
+    width = 1 if scale_type == em.i8 else ir.FloatType(scale_type).width // 8
     code_bytes = int(np.prod(code_shape, dtype=np.int64)) // rows
     scale_count = int(np.prod(scale_shape, dtype=np.int64)) // rows
-    scale_bytes = em.bitcast(scales, (*scale_shape, width) if width > 1 else scale_shape, em.i8)
+    scale_bytes = (
+      scales if scale_type == em.i8 else em.bitcast(scales, (*scale_shape, width), em.i8)
+    )
     payload = em.concat(
       [
         em.reshape(codes, (rows, code_bytes)),
@@ -380,10 +383,9 @@ class TiledSite:
     )
     scale_shape = (out_rows * scale_shape[0] // rows, *scale_shape[1:])
     scale_bytes = em.slice(out, (0, code_bytes), (out_rows, code_bytes + scale_count * width))
-    if width > 1:
-      scales = em.bitcast(em.reshape(scale_bytes, (*scale_shape, width)), scale_shape, scale_type)
-    else:
-      scales = em.bitcast(em.reshape(scale_bytes, scale_shape), scale_shape, scale_type)
+    if scale_type == em.i8:
+      return codes, em.reshape(scale_bytes, scale_shape)
+    scales = em.bitcast(em.reshape(scale_bytes, (*scale_shape, width)), scale_shape, scale_type)
     return codes, scales
 
   def local(self, index: ir.Value) -> ir.Value:
