@@ -110,8 +110,9 @@ def tile_grid(
   A TPU stores an array of two dimensions or more in (8, 128) tiles of its last two.
   Flattened, a block of 128 values is still one tile row, but the chunks are runs of the
   flat order, so the compiler relayouts the whole operand on the way in and out
-  (v5e:2x2, 32 MiB of bf16 as [16384, 1024], the default: 14.7x native's bytes by its
-  estimates and 128 MiB of temporary memory, against 6.5x and none in tile order).  In
+  (v5e:2x2, 32 MiB of bf16 as [16384, 1024], the default with SitePlan.tile_order off:
+  14.7x native's bytes by its estimates and 128 MiB of temporary memory, against 6.5x
+  and none in tile order).  In
   tile order the same blocks are read where they lie.  Only where no bit depends on the
   order: one operand, blocks of one tile row, an algorithm whose blocks sum alike in
   every chunk (the padding is whole zero tiles either way)."""
@@ -119,14 +120,14 @@ def tile_grid(
     return f"{scheme.algorithm} sums each chunk in its own order"
   if len(shapes) != 1:
     return "several operands"
-  tile, _ = tile_shape(layout.chunk, layout.block, scheme.fmt.bits)
   if layout.block != LANES:
     return f"blocks of {layout.block} values"
-  if tile[1:] != (SUBLANES, LANES):
-    return f"chunks of {layout.chunk} values are not whole (8, 128) tiles"
   shape = list(shapes[0])
   if len(shape) < 2 or shape[-2] % SUBLANES or shape[-1] % LANES:
     return f"shape {shape} is not whole (8, 128) tiles"
+  tile, _ = tile_shape(layout.chunk, layout.block, scheme.fmt.bits)
+  if tile[1:] != (SUBLANES, LANES):
+    return f"each member's share, {layout.chunk} values, is not whole (8, 128) tiles"
   lead = int(np.prod(shape[:-2], dtype=np.int64))
   return lead, shape[-2] // SUBLANES, shape[-1] // LANES
 

@@ -92,8 +92,8 @@ def _ring_bytes_before(site: match.Site) -> int:
 
 
 def _tile_order_note(decision: match.Decision, policy: Policy, route: plan.Route) -> str:
-  """Where a TPU's tiled form takes the operand's blocks: in its own (8, 128) tiles, or
-  flattened, and why (forms.tile_grid)."""
+  """Where a TPU's tiled form takes the operand's blocks: in its own (8, 128) tiles, or in
+  its flat order (which the compiler relayouts), and why (forms.tile_grid)."""
   if policy.platform != "tpu" or route.name != "flat" or decision.site.kind != "all_reduce":
     return ""
   if not isinstance(decision, match.Candidate) or decision.slice_op is not None:
@@ -104,7 +104,9 @@ def _tile_order_note(decision: match.Decision, policy: Policy, route: plan.Route
   if len(shapes) == 1 and len(shapes[0]) == 1:
     return ""  # a vector: a TPU stores it in its flat order
   grid = forms.tile_grid(shapes, policy.scheme, decision.layout)
-  return "; blocks in the operand's tiles" if isinstance(grid, tuple) else f"; flattened: {grid}"
+  if isinstance(grid, tuple):
+    return "; blocks in the operand's tiles"
+  return f"; blocks in flat order: {grid}"
 
 
 def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> SiteRecord:

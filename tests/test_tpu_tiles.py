@@ -43,7 +43,9 @@ def test_tile_order_gives_the_flattened_bits(flags, dtype, values):
   tiled_fn, tiled, tiled_reason = _psum(flags, jnp.asarray(values.reshape(512, 256), dtype))
   _, flat, flat_reason = _psum(flags, jnp.asarray(values.reshape(8, 16384), dtype))
   assert "blocks in the operand's tiles; tiled form" in tiled_reason, tiled_reason
-  assert "flattened: shape [1, 16384] is not whole (8, 128) tiles" in flat_reason, flat_reason
+  assert "blocks in flat order: shape [1, 16384] is not whole (8, 128) tiles" in flat_reason, (
+    flat_reason
+  )
   np.testing.assert_array_equal(tiled.reshape(8, 16384), flat)
   module = str(tiled_fn.lower(jnp.zeros((512, 256), dtype)).compiler_ir())
   assert "dims = [0, 1, 3, 2, 4]" in module  # the tiles taken where they lie
@@ -57,9 +59,9 @@ def test_tile_order_without_rotation_equals_the_model(values):
     np.testing.assert_array_equal(out[64 * r : 64 * (r + 1)].reshape(16384), model[r][0])
 
 
-def test_the_ring_flattens_and_says_why(values):
+def test_the_ring_keeps_the_flat_order_and_says_why(values):
   _, _, reason = _psum("--equarx_algorithm=ring", jnp.asarray(values.reshape(512, 256)))
-  assert "flattened: ring sums each chunk in its own order" in reason, reason
+  assert "blocks in flat order: ring sums each chunk in its own order" in reason, reason
 
 
 @pytest.mark.parametrize("flags", SCHEMES)

@@ -246,7 +246,7 @@ def pyplot():
   try:
     import matplotlib
   except ImportError:
-    print("matplotlib not installed (pip install -e '.[bench]'): no plot written", file=sys.stderr)
+    print('matplotlib not installed (pip install ".[bench]"): no plot written', file=sys.stderr)
     return None
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
