@@ -65,7 +65,7 @@ class SitePlan:
   # select per value (CPU: quantize_emit.block_max).
   nan_in_combiner: bool = False
   # Blocks in the order of the operand's (8, 128) tiles where its shape has them (TPU,
-  # which stores arrays so), not in its flat order (TiledSite.operand_tiles).
+  # which stores arrays so), not in its flat order (tile_grid).
   tile_order: bool = False
   # Codes and scales through one collective of int8 rows (CPU), not one each
   # (TiledSite.exchange).
@@ -90,8 +90,9 @@ def tile_shape(chunk: int, block: int, bits: int) -> tuple[tuple[int, ...], int]
   [R, W].  Never a size-1 dimension above the lanes.  By the TPU compiler's estimates
   (v5e:2x2, 32 MiB of bf16, the NaN guard as a select) int8 two-shot with block 128 and
   H_128 costs 6.80x the native all-reduce's on-chip time so, 11.15x as [R, 128] (whose
-  scales a TPU lays out along lanes and relayouts); the int4 ring with block 128 6.03x as [R, 128], 7.03x
-  (nibbles paired across lanes) and 7.25x (across rows) as [R / 8, 8, 128]."""
+  scales a TPU lays out along lanes and relayouts); the int4 ring with block 128 6.03x
+  as [R, 128], 7.03x (nibbles paired across lanes) and 7.25x (across rows) as
+  [R / 8, 8, 128]."""
   w = LANES if block % LANES == 0 else block
   rows = block // w
   if rows > 1:
@@ -105,17 +106,17 @@ def tile_grid(
   shapes: Sequence[Sequence[int]], scheme: Scheme, layout: ChunkLayout
 ) -> tuple[int, int, int] | str:
   """(leading size, tile rows, tile columns) of the operand's (8, 128) tiles, where the
-  tiled form may take its blocks in their order; else why it flattens the operands.
+  tiled form may take its blocks in their order; else why it keeps the flat order.
 
   A TPU stores an array of two dimensions or more in (8, 128) tiles of its last two.
-  Flattened, a block of 128 values is still one tile row, but the chunks are runs of the
-  flat order, so the compiler relayouts the whole operand on the way in and out
+  In flat order a block of 128 values is still one tile row, but the chunks are runs of
+  the flat order, so the compiler relayouts the whole operand on the way in and out
   (v5e:2x2, 32 MiB of bf16 as [16384, 1024], the default with SitePlan.tile_order off:
   14.7x native's bytes by its estimates and 128 MiB of temporary memory, against 6.5x
-  and none in tile order).  In
-  tile order the same blocks are read where they lie.  Only where no bit depends on the
-  order: one operand, blocks of one tile row, an algorithm whose blocks sum alike in
-  every chunk (the padding is whole zero tiles either way)."""
+  and none in tile order).  In tile order the same blocks are read where they lie.
+  Only where no bit depends on the order: one operand, blocks of one tile row, an
+  algorithm whose blocks sum alike in every chunk (the padding is whole zero tiles
+  either way)."""
   if not scheme.algo.chunk_order_free:
     return f"{scheme.algorithm} sums each chunk in its own order"
   if len(shapes) != 1:
@@ -283,8 +284,8 @@ class TiledSite:
     and its f32 result, twice the operand's bytes, then never goes to memory.  By the
     TPU compiler's estimates (v5e:2x2, 512 MiB of bf16 per chip as [rows, 1024]) the
     default moves 4.52x the native all-reduce's bytes instead of 6.02x and needs 768 MiB
-    of temporary memory instead of 1032 MiB.  An f32 operand is read twice at the cost of the round
-    trip it saves, and is not (32 MiB: 3.37x against 4.63x)."""
+    of temporary memory instead of 1032 MiB.  An f32 operand is read twice at the cost
+    of the round trip it saves, and is not (32 MiB: 3.37x against 4.63x)."""
     em = self.em
     x = em.convert(self.chunks, em.f32)
     narrow = ir.RankedTensorType(self._unrotated.type).element_type != em.f32
