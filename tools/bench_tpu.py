@@ -7,8 +7,9 @@
 No TPU is used or needed: libtpu compiles ahead of time for a named topology
 (equarx_pass.tpu_aot.compile_for_target).  For each topology, message size and dtype,
 a psum of a flat array (with --columns, a [rows, columns] one) over all chips is
-compiled as it is and rewritten by each scheme in the form the pass emits for TPU (--equarx_platform=tpu: the tiled forms of
-two-shot and the ring; --form flat for the flat form).  Reported, all of it COMPILER ESTIMATES, not measurements:
+compiled as it is and rewritten by each scheme in the form the pass emits for TPU
+(--equarx_platform=tpu: the tiled forms of two-shot and the ring; --form flat for the
+flat form).  Reported, all of it COMPILER ESTIMATES, not measurements:
 
   optimal_seconds   the TPU compiler's cost_analysis() estimate for one run
   flops, bytes accessed   the same cost analysis (on-chip work and HBM traffic)
