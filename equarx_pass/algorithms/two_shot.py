@@ -135,9 +135,7 @@ class TwoShot(Algorithm):
     codes, scales = site.quantize_chunks()
     codes, scales = site.exchange(coll.all_to_all, codes, scales, site.n)  # j: from rank j
     acc = plus_zero(em, codec.dequantize(row(em, codes, 0), row(em, scales, 0)))
-    import os
-
-    if site.n < LOOP_FROM_MEMBERS and not (os.environ.get("SUMLOOP") and not site.plan.unrolled):
+    if site.n < LOOP_FROM_MEMBERS:
       for j in range(1, site.n):
         acc = add(codec.dequantize(row(em, codes, j), row(em, scales, j)), acc)
       return acc
