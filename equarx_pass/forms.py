@@ -34,6 +34,7 @@ from equarx_pass.hlo_builder import (
   ChannelAllocator,
   Collectives,
   Emitter,
+  back_order,
   front_order,
   narrow_float,
   shape_of,
@@ -201,10 +202,9 @@ class TiledSite:
     self.fmt = plan.scheme.fmt
     self.n, c, block = plan.layout.group_size, plan.layout.chunk, plan.layout.block
     self.tile, block_dims = tile_shape(c, block, self.fmt.bits)
-    rows = block // (LANES if block % LANES == 0 else block)
     # int4 bytes pair the halves of a block's rows where it has an even number of them,
     # else the halves of its lanes.
-    pair_rows = block_dims == 2 and rows % 2 == 0
+    pair_rows = block_dims == 2 and self.tile[-2] % 2 == 0
     self.codec = TileCodec(em, self.fmt, block_dims, -2 if pair_rows else -1, plan.nan_in_combiner)
     self.types = [ir.RankedTensorType(v.type) for v in operands]
     self.size = plan.rotation_size
@@ -320,8 +320,7 @@ class TiledSite:
       x = em.slice(x, (0, 0), (rows, size))
     x = em.reshape(x, moved)
     if pieces.dimension:
-      back = np.argsort(front_order(len(moved), pieces.dimension))
-      x = hlo.TransposeOp(x, [int(i) for i in back]).result
+      x = hlo.TransposeOp(x, back_order(len(moved), pieces.dimension)).result
     return em.convert(x, result.element_type)
 
   def finish_own(self, values: ir.Value) -> list[ir.Value]:

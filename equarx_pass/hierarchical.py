@@ -24,7 +24,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass.hlo_builder import DEVICE_TO_DEVICE, ChannelAllocator, Emitter, narrow_float
-from equarx_pass.hlo_builder import front_order, shape_of, tensor
+from equarx_pass.hlo_builder import back_order, front_order, shape_of, tensor
 from equarx_pass.layout import DeviceKind
 from equarx_pass.topology import Levels, split_groups  # noqa: F401  (re-exported)
 
@@ -256,8 +256,7 @@ def _moved(x: ir.Value, dimension: int) -> ir.Value:
 def _moved_back(x: ir.Value, dimension: int) -> ir.Value:
   if not dimension:
     return x
-  order = front_order(len(shape_of(x)), dimension)
-  return hlo.TransposeOp(x, [order.index(i) for i in range(len(order))]).result
+  return hlo.TransposeOp(x, back_order(len(shape_of(x)), dimension)).result
 
 
 def emit_reduce_scatter(

@@ -47,6 +47,12 @@ def front_order(rank: int, dimension: int) -> list[int]:
   return [dimension] + [i for i in range(rank) if i != dimension]
 
 
+def back_order(rank: int, dimension: int) -> list[int]:
+  """front_order's inverse: the transpose that puts the front dimension back in place."""
+  order = front_order(rank, dimension)
+  return [order.index(i) for i in range(rank)]
+
+
 class Emitter:
   """Small typed helpers over the op builders; every value is a ranked tensor."""
 

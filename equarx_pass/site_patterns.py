@@ -46,20 +46,21 @@ class RewriteContext:
 
   def site_plan(self, cand: match.Candidate, layout, schedule) -> SitePlan:
     site = cand.site
+    unrolled = site.nbytes >= self.policy.unroll_min_bytes
     return SitePlan(
       layout,
       schedule,
       site.device_kind,
       site.num_devices,
       self.policy.scheme,
-      unrolled=site.nbytes >= self.policy.unroll_min_bytes,
+      unrolled=unrolled,
       # On CPU: the model's butterflies (its bits), and no collective inside a loop.
       matmul_rotation=self.target != "cpu",
       nan_in_combiner=self.target != "cpu",
       tile_order=self.target == "tpu",
       # One payload per exchange compiles faster where many small sites sit in one
       # program; large sites run faster without the packing copies (forms.py).
-      pack_scales=self.target == "cpu" and site.nbytes < self.policy.unroll_min_bytes,
+      pack_scales=self.target == "cpu" and not unrolled,
       collectives_in_loops=self.target != "cpu",
     )
 

@@ -28,7 +28,6 @@ the owned chunks with one all_gather: the bytes the ring's all-gather steps forw
 from __future__ import annotations
 
 import functools
-
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
