@@ -6,17 +6,29 @@ class (topology.py), plus the on-chip work the rewrite adds.  The figures are pe
 what one device sends, and on CPU hosts (k devices share a host's link) what its host's
 link carries divided by k.  Plain Python.
 
-On-chip cost, seconds per operand byte that enters the quantized all-reduce, beyond the
-native all-reduce's own:
-  tpu  1.3e-11  the TPU compiler's estimates, v5e:2x2, 32 MiB bf16 per chip: the default
-                scheme 5.74x the native all-reduce's 91 us (`python tools/bench_tpu.py
-                --scheme="--equarx_enable" --topology v5e:2x2 --sizes 32M --dtypes bf16`)
-  gpu  5.0e-11  an H100: the ring step (dequantize, add, quantize) of 4 MiB of f32 in
-                0.065 ms (`python tools/bench_gpu_step.py --platform cuda`), three such
-                passes per value in a two-shot site (quantize, sum, dequantize)
-  cpu  5.8e-9   XLA:CPU, 4 devices in one process on 2 cores, 8 MiB of bf16 per device:
-                the default 85.9 ms against the native all-reduce's 37.4 ms
-                (`python tools/bench_ring_cpu.py --values 4M --dtypes bf16`)
+On-chip cost, beyond the native all-reduce's own: seconds per site plus seconds per value
+that enters the quantized all-reduce.  Per value, not per byte: the added work (rotate,
+take block maxima, quantize, sum in f32, dequantize) is f32 arithmetic on every value
+whatever the operand's type, and the TPU estimates give the same time per value for bf16
+and f32 operands (25.7 ps at 32 MiB of either).
+  tpu  7e-6 s, 2.6e-11 s  the TPU compiler's estimates, v5e:2x2 (`python tools/bench_tpu.py
+                --scheme="--equarx_enable" --topology v5e:2x2 --sizes 256K 1M 4M 16M 128M
+                --dtypes bf16 f32`, results/tpu_sizes.json): 25.7-26.0 ps a value from 4 MiB of f32 and 1 MiB of
+                bf16 up; below that a site costs more than its values (1 MiB of f32:
+                14.0 us, 6.8 us of it by the values), hence the per-site term.  Large bf16
+                operands cost less a value (128 MiB: 14.9 ps), which this overestimates.
+  gpu  1.8e-4 s, 1.2e-11 s  an H100 (`python tools/bench_gpu_step.py --platform cuda`,
+                results/ring_step_cuda.json): the ring step (dequantize, add, quantize)
+                takes 0.274 ms for 64 Mi values and 0.065 ms for 1 Mi, so 4.1 ps a value
+                and 0.061 ms a call; three such passes in a two-shot site (quantize, sum,
+                dequantize).  The per-call part is a whole program's call, dispatch
+                included: high for a site inside a program, so small sites stay native.
+  cpu  2e-4 s, 1.3e-8 s  XLA:CPU, 4 devices in one process on 2 cores (`python
+                tools/bench_ring_cpu.py --values 4M --dtypes bf16 f32 --scheme=--equarx_enable`,
+                results/ring_cpu_dtypes.json): the default adds 56.1 ms to the native
+                all-reduce for 4 Mi bf16 values per device, 58.9 ms for f32; at 16 Ki
+                values (`--values 16K`, results/ring_cpu_small.json) 0.3-0.4 ms, about
+                0.2 ms more than its values account for
 """
 
 from __future__ import annotations
@@ -26,7 +38,8 @@ from typing import Sequence
 
 from equarx_pass.topology import Topology
 
-COMPUTE_S_PER_BYTE = {"tpu": 1.3e-11, "gpu": 5.0e-11, "cpu": 5.8e-9}
+# platform: (seconds per site, seconds per value)
+COMPUTE_S = {"tpu": (7e-6, 2.6e-11), "gpu": (1.8e-4, 1.2e-11), "cpu": (2e-4, 1.3e-8)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,14 +165,14 @@ class Prediction:
 def predict(
   native: Traffic,
   rewritten: Traffic,
-  quantized_bytes: int,
+  quantized_values: int,
   topology: Topology,
   sharing: int = 1,
 ) -> Prediction:
-  """Native against rewritten time; `quantized_bytes` enter the quantized all-reduce;
-  `sharing` devices of a domain send alike."""
-  compute = COMPUTE_S_PER_BYTE.get(topology.platform, COMPUTE_S_PER_BYTE["tpu"])
-  compute_s = quantized_bytes * compute
+  """Native against rewritten time; `quantized_values` enter the quantized all-reduce
+  (none: no on-chip work added); `sharing` devices of a domain send alike."""
+  per_site, per_value = COMPUTE_S.get(topology.platform, COMPUTE_S["tpu"])
+  compute_s = per_site + quantized_values * per_value if quantized_values else 0.0
   return Prediction(
     native,
     rewritten,

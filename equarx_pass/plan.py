@@ -36,7 +36,7 @@ class Route:
   name: str  # "identity", "calibrated", "hierarchical", "flat" (site_patterns.py)
   native: cost.Traffic
   rewritten: cost.Traffic
-  quantized_bytes: int  # operand bytes that enter the quantized all-reduce
+  quantized_values: int  # operand values that enter the quantized all-reduce
   note: str = ""  # why the route was taken over a better one, for the report
 
 
@@ -65,7 +65,7 @@ def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route 
     layout = scheme.layout(-(-values // k), s)
     inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
     across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(policy, s))
-    return Route("hierarchical", native, inside + across, nbytes // k, note)
+    return Route("hierarchical", native, inside + across, -(-values // k), note)
   if isinstance(hierarchical.piece_order(site.groups, levels), str):
     return None
   # Half of an all-reduce inside (a native reduce-scatter or all-gather of the whole
@@ -78,7 +78,7 @@ def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route 
   across = cost.Traffic(
     slow=scheme.wire_bytes(layout, site.kind), slow_steps=max(1, _steps(policy, s) // 2)
   )
-  return Route("hierarchical", native, inside + across, whole // k, note)
+  return Route("hierarchical", native, inside + across, whole_values // k, note)
 
 
 def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:
@@ -99,7 +99,7 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:
     why = split_groups(site.groups, topology)
     if isinstance(why, str) and why != "inside one fast domain":
       note = f"not hierarchical: the group {why}"
-  return Route("flat", native, rewritten, nbytes, note)
+  return Route("flat", native, rewritten, sum(o.size for o in site.operands), note)
 
 
 def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> cost.Traffic:
@@ -144,7 +144,9 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   route = route_of(decision, policy, topology)
   group = decision.site.groups[0] if decision.site.groups else ()
   sharing = max((len(p) for p in topology.split(group)), default=1)
-  prediction = cost.predict(route.native, route.rewritten, route.quantized_bytes, topology, sharing)
+  prediction = cost.predict(
+    route.native, route.rewritten, route.quantized_values, topology, sharing
+  )
   reason = None if policy.force else _loses(route, prediction, topology)
   if reason:
     return Skip(decision.site, reason, route=route, prediction=prediction)
@@ -169,7 +171,7 @@ def calibrated(
   rewritten = cost.quantized_flat(group, wire_bytes, steps, topology, ring=False)
   route = dataclasses.replace(cand.route, name="calibrated", rewritten=rewritten)
   sharing = max((len(p) for p in topology.split(group)), default=1)
-  prediction = cost.predict(route.native, rewritten, route.quantized_bytes, topology, sharing)
+  prediction = cost.predict(route.native, rewritten, route.quantized_values, topology, sharing)
   return route, prediction
 
 
