@@ -327,7 +327,7 @@ class Jitted:
       _jax_private.lowered_platform(lowered),
       lowered_topology(lowered, self.policy),
     )
-    tpu = self._compile_for_target(result.module)
+    tpu = self._compile_for_target(result.module, module)
     self._record(
       result.records, result.seconds, tpu, args, kwargs, note=note, topology=result.topology
     )
@@ -347,7 +347,7 @@ class Jitted:
     done = partitioned.rewrite_partitioned(
       lowered, self.policy, lowered_topology(lowered, self.policy)
     )
-    tpu = self._compile_for_target(done.module)
+    tpu = self._compile_for_target(done.module, lowered.compiler_ir("stablehlo"))
     self._record(
       done.result.records,
       done.pass_seconds,
@@ -364,12 +364,13 @@ class Jitted:
       return lowered, done.compiled
     return _jax_private.lowered_with_module(lowered, done.module), None
 
-  def _compile_for_target(self, module):
+  def _compile_for_target(self, module, original):
     """--equarx_compile_for: the rewritten module compiled ahead of time for that
-    target (compile.compile_for_target's report), or None without the flag or module."""
+    target, beside the original (tpu_aot.compare_to_original's report), or None without
+    the flag or module."""
     if not self.policy.compile_for or module is None:
       return None
-    return tpu_aot.compile_for_target(str(module), self.policy.compile_for)
+    return tpu_aot.compare_to_original(str(module), str(original), self.policy.compile_for)
 
   def _record(self, records, seconds, tpu, args, kwargs, **extra) -> None:
     leaves = jax.tree_util.tree_leaves((args, kwargs))

@@ -489,7 +489,8 @@ FLAGS = {
       "compile_for",
       _parse_str,
       "also compile the result for a TPU topology ahead of time (e.g. `tpu:v5e:2x2`, "
-      "`tpu:v4:2x2x1`; needs the `tpu` extra, no TPU)",
+      "`tpu:v4:2x2x1`; needs the `tpu` extra, no TPU), beside the original: the report "
+      "gives both programs' on-chip estimates and temporary memory",
       metavar="tpu:TOPO",
     ),
     Flag(

@@ -11,7 +11,7 @@ def _shape(shapes) -> str:
   return "+".join("dynamic" if s is None else "x".join(map(str, s)) or "scalar" for s in shapes)
 
 
-def _bytes(n: int) -> str:
+def fmt_bytes(n: int) -> str:
   for unit, size in (("MiB", 1 << 20), ("KiB", 1 << 10)):
     if n >= size:
       return f"{n / size:.1f} {unit}"
@@ -54,14 +54,19 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
     if split:
       b, a = r.traffic_before, r.traffic_after
       cells = (
-        (_bytes(round(b.slow)), _bytes(round(a.slow)), _bytes(round(b.fast)), _bytes(round(a.fast)))
+        (
+          fmt_bytes(round(b.slow)),
+          fmt_bytes(round(a.slow)),
+          fmt_bytes(round(b.fast)),
+          fmt_bytes(round(a.fast)),
+        )
         if b is not None and a is not None
         else ("-",) * 4
       )
       cells += (f"{r.speedup:.2f}x" if r.speedup is not None and r.route != "identity" else "-",)
     else:
       ratio = _ratio(r.bytes_before, r.bytes_after) if r.rewritten else "-"
-      cells = (_bytes(r.bytes_before), _bytes(r.bytes_after), ratio)
+      cells = (fmt_bytes(r.bytes_before), fmt_bytes(r.bytes_after), ratio)
     rows.append(
       (
         str(r.index),
@@ -101,12 +106,15 @@ def _summary(records: Sequence[SiteRecord], topology) -> str:
       after = sum(getattr(r.traffic_after, field) for r in done)
       if before or after:
         parts.append(
-          f"{name} {_bytes(round(before))} -> {_bytes(round(after))}{_change(before, after)}"
+          f"{name} {fmt_bytes(round(before))} -> {fmt_bytes(round(after))}{_change(before, after)}"
         )
     return text + "; bytes per device: " + ", ".join(parts)
   before = sum(r.bytes_before for r in done)
   after = sum(r.bytes_after for r in done)
-  return text + f"; wire bytes per rank {_bytes(before)} -> {_bytes(after)}{_change(before, after)}"
+  return (
+    text
+    + f"; wire bytes per rank {fmt_bytes(before)} -> {fmt_bytes(after)}{_change(before, after)}"
+  )
 
 
 def _change(before: float, after: float) -> str:

@@ -57,6 +57,14 @@ class TopologyCompile:
   hlo_text: str = dataclasses.field(repr=False, default="")
   all_reduce_shapes: tuple = ()  # the result shape of each all-reduce left
   temp_bytes: int | None = None  # temporary device memory the program needs, where given
+  # The program before the rewrite, compiled for the same target (compare_to_original).
+  original: TopologyCompile | None = dataclasses.field(repr=False, default=None)
+
+  @property
+  def on_chip_seconds(self) -> float | None:
+    """The compiler's estimate of one run's on-chip time, where it gives a usable one."""
+    value = self.cost.get("optimal_seconds")
+    return value if value is not None and value > 0 else None
 
   def summary(self) -> str:
     left = f"{self.all_reduces} all-reduce{'' if self.all_reduces == 1 else 's'} left"
@@ -70,7 +78,29 @@ class TopologyCompile:
       f"compiled for {self.target} in {self.seconds:.2f} s: {self.num_devices} devices, "
       f"{self.quantized_collectives} s8 collectives ({self.quantized_permutes} of "
       f"{self.permutes} collective-permutes), {left}"
-    )
+    ) + self._against_original()
+
+  def _against_original(self) -> str:
+    """The compiler's on-chip estimate and temporary memory beside the original
+    program's: for the whole program, since the compiler gives no figure per site."""
+    original = self.original
+    if original is None:
+      return ""
+    parts = []
+    mine, theirs = self.on_chip_seconds, original.on_chip_seconds
+    if mine is not None and theirs is not None:
+      parts.append(
+        f"on chip {mine * 1e6:.1f} us against the original's {theirs * 1e6:.1f} us "
+        f"({mine / theirs:.2f}x, the compiler's estimate, no transfer time)"
+      )
+    if self.temp_bytes is not None and original.temp_bytes is not None:
+      from equarx_pass.report import fmt_bytes  # (the report's units; imports the pass)
+
+      parts.append(
+        f"temporary memory {fmt_bytes(self.temp_bytes)} against the original's "
+        f"{fmt_bytes(original.temp_bytes)}"
+      )
+    return "".join(f"\n  {part}" for part in parts)
 
 
 def compile_for_target(
@@ -109,6 +139,17 @@ def compile_for_target(
   if "error" in data:
     raise CompileError(f"compiling for {target} failed: {data['error']}")
   return TopologyCompile(**data)
+
+
+def compare_to_original(
+  module_text: str, original_text: str, target: str, timeout: float = COMPILE_TIMEOUT_S
+) -> TopologyCompile:
+  """compile_for_target of the rewritten module, with the original module compiled for
+  the same target beside it (TopologyCompile.original); the same text is compiled once."""
+  done = compile_for_target(module_text, target, timeout)
+  if original_text != module_text:
+    done.original = compile_for_target(original_text, target, timeout)
+  return done
 
 
 def count_collectives(hlo_text: str) -> dict:

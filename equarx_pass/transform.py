@@ -63,6 +63,7 @@ def transform_text(
   artifact for an artifact, else StableHLO text)."""
   output_format_for(output_format, None)
   parsed = parse.parse_bytes(data, path)
+  original_text = str(parsed.module) if policy.compile_for else ""
   if output_format == "auto":
     output_format = "exported" if parsed.exported is not None else "stablehlo"
   if output_format == "exported" and parsed.exported is None:
@@ -91,7 +92,7 @@ def transform_text(
       output = artifact
     tpu = None
     if policy.compile_for:
-      tpu = tpu_aot.compile_for_target(text, policy.compile_for)
+      tpu = tpu_aot.compare_to_original(text, original_text, policy.compile_for)
   except (RewriteError, VerifyError, CompileError) as e:
     # Name the input, as parse errors do: the CLI prints only the message.
     raise type(e)(f"{path}: {e}") from e

@@ -10,6 +10,7 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import equarx_pass
+from equarx_pass.report import fmt_bytes
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
 ENV.pop("EQUARX_FLAGS", None)
@@ -186,6 +187,8 @@ def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   # The tiled form: int8 codes on an all-to-all and an all-gather, the f32 scales (eight
   # to a row) on their own; no all-reduce left.
   assert "2 s8 collectives" in proc.stdout and "0 all-reduces left" in proc.stdout
+  # Beside the input program compiled for the same topology.
+  assert "against the original's" in proc.stdout and "temporary memory" in proc.stdout
   # Blocks of 1024 have one scale each, a 1-D array: the TPU compiler makes its small
   # all-gather an all-reduce, and the summary says so.
   b1024 = equarx_opt(
@@ -223,6 +226,12 @@ def test_decorator_compile_for_tpu_topology():
   assert tpu is not None and tpu.target == "tpu:v4:2x2x1" and tpu.num_devices == 8
   assert tpu.quantized_collectives >= 2 and tpu.all_reduces == 0
   assert "compiled for tpu:v4:2x2x1" in str(f.report)
+  # The program before the rewrite, compiled for the same topology: one all-reduce and
+  # no s8 collective; the summary sets the estimates side by side.
+  original = tpu.original
+  assert original is not None and original.all_reduces == 1 and original.quantized_collectives == 0
+  assert tpu.temp_bytes is not None and original.temp_bytes is not None
+  assert f"temporary memory {fmt_bytes(tpu.temp_bytes)} against the original's" in str(f.report)
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
