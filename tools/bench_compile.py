@@ -4,6 +4,8 @@
     (each --scheme given goes to every program; without one, the unrolled programs get
     the default scheme only, and the scan also the int8 ring)
     python tools/bench_compile.py --quick      # 16 layers, about 1.5 minutes
+    python tools/bench_compile.py --programs forward --layers 128 --tpu '' \
+      --exchanges all_gather all_to_all all_to_all+all_gather   # the floor of a form
 
 The model is a Megatron-style transformer on 8 CPU devices with a psum after
 attention and after the MLP of every layer.  Three programs:
@@ -22,6 +24,10 @@ XLA:CPU reports to the profiler, and what the optimized HLO holds.  The forward
 program is compiled once more with LLVM's optimisation off
 (--xla_backend_optimization_level=0), and the scanned one ahead of time for a
 TPU (v4:2x2x1, libtpu; a rewritten unrolled module takes seconds per site there).
+
+--exchanges: the forward program again with each psum replaced by a bare exchange of
+int8 values in plain jnp, nothing quantized and the pass off: what XLA:CPU's compile
+costs for the collectives alone of a form (the two-shot's all_to_all and all_gather).
 
 Writes results/compile.json (or --out) and a PNG plot next to it.
 """
@@ -45,14 +51,43 @@ DEVICES = 8
 TOKENS, HIDDEN, FFN, HEADS = 64, 256, 1024, 8
 
 
-def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True):
-  """(step, example args): loss + grads (train) or the forward pass of a TP transformer."""
+def bare_exchange(jax, name: str, n: int):
+  """A psum stand-in (x, axis) made of the named collectives on int8 values, nothing
+  quantized (its result is not a sum of x): the collectives of a form, alone."""
+  import jax.numpy as jnp
+
+  def all_gather(x, axis):  # one collective: every member's values, summed here
+    g = jax.lax.all_gather(x.astype(jnp.int8), axis).astype(jnp.float32).sum(0)
+    return g.astype(x.dtype)
+
+  def all_to_all(x, axis):  # the two-shot's first half: a chunk from every member
+    parts = jax.lax.all_to_all(x.astype(jnp.int8).reshape(n, -1), axis, 0, 0, tiled=True)
+    chunk = parts.reshape(n, -1).astype(jnp.float32).sum(0)
+    return jnp.tile(chunk, n).reshape(x.shape).astype(x.dtype)
+
+  def two_shot(x, axis):  # both halves
+    parts = jax.lax.all_to_all(x.astype(jnp.int8).reshape(n, -1), axis, 0, 0, tiled=True)
+    chunk = parts.reshape(n, -1).astype(jnp.float32).sum(0).astype(jnp.int8)
+    return jax.lax.all_gather(chunk, axis, tiled=True).reshape(x.shape).astype(x.dtype)
+
+  return {"all_gather": all_gather, "all_to_all": all_to_all, "all_to_all+all_gather": two_shot}[
+    name
+  ]
+
+
+EXCHANGES = ("all_gather", "all_to_all", "all_to_all+all_gather")
+
+
+def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True, exchange: str = ""):
+  """(step, example args): loss + grads (train) or the forward pass of a TP transformer;
+  `exchange`: a bare_exchange in place of every psum."""
   import jax.numpy as jnp
   import numpy as np
   from jax.sharding import PartitionSpec as P
 
   n = mesh.shape["tp"]
   heads = HEADS // n if HEADS >= n else 1
+  psum = bare_exchange(jax, exchange, n) if exchange else jax.lax.psum
 
   def norm(x):
     mean = x.mean(-1, keepdims=True)
@@ -64,9 +99,9 @@ def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True):
     d = q.shape[-1] // heads
     q, k, v = (a.reshape(TOKENS, heads, d).transpose(1, 0, 2) for a in (q, k, v))
     att = jax.nn.softmax(q @ k.transpose(0, 2, 1) / np.sqrt(d)) @ v
-    x = x + jax.lax.psum(att.transpose(1, 0, 2).reshape(TOKENS, -1) @ p["wo"], "tp")
+    x = x + psum(att.transpose(1, 0, 2).reshape(TOKENS, -1) @ p["wo"], "tp")
     h = jax.nn.gelu(norm(x) @ p["w1"]) @ p["w2"]
-    return x + jax.lax.psum(h, "tp")
+    return x + psum(h, "tp")
 
   def loss(params, x):
     if scanned:
@@ -104,7 +139,10 @@ def build_step(jax, mesh, layers: int, scanned: bool, train: bool = True):
       out_specs=(P(), (spec, P())),
     )
   else:
-    step = jax.shard_map(loss, mesh=mesh, in_specs=(spec, P()), out_specs=P())
+    # A bare exchange's result is not replicated as a psum's is: no check of it.
+    step = jax.shard_map(
+      loss, mesh=mesh, in_specs=(spec, P()), out_specs=P(), check_vma=not exchange
+    )
   return step, (params, jax.ShapeDtypeStruct((TOKENS, HIDDEN), f32))
 
 
@@ -178,7 +216,9 @@ def child(cfg: dict) -> dict:
   import equarx_pass
 
   mesh = Mesh(np.array(jax.devices()[:DEVICES]), ("tp",))
-  step, args = build_step(jax, mesh, cfg["layers"], cfg["scanned"], cfg["model"] == "train")
+  step, args = build_step(
+    jax, mesh, cfg["layers"], cfg["scanned"], cfg["model"] == "train", cfg.get("exchange", "")
+  )
   out = {}
   start = time.perf_counter()
   lowered = jax.jit(step).lower(*args)
@@ -252,6 +292,13 @@ def main() -> int:
     help="which programs: train (unrolled), scan, forward, forward-O0",
   )
   ap.add_argument("--tpu", default="tpu:v4:2x2x1", help="also compile for this topology ('' off)")
+  ap.add_argument(
+    "--exchanges",
+    nargs="*",
+    default=[],
+    choices=EXCHANGES,
+    help="also the forward program with each psum a bare exchange (the pass off)",
+  )
   ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "compile.json"))
   ap.add_argument("--child", help=argparse.SUPPRESS)
   args = ap.parse_args()
@@ -285,6 +332,18 @@ def main() -> int:
   if "forward-O0" in args.programs and not args.quick:
     # Where the time goes: the same compiles with LLVM's optimisation off.
     add("forward", False, unrolled_schemes, xla_flags="--xla_backend_optimization_level=0")
+  for exchange in args.exchanges:
+    configs.append(
+      dict(
+        model="forward",
+        layers=args.layers,
+        scanned=False,
+        scheme="",
+        tpu="",
+        xla_flags="",
+        exchange=exchange,
+      )
+    )
   print(
     f"{len(configs)} compiles of a {args.layers}-layer model in child processes "
     f"(about {args.layers * 0.16 + 1:.0f} min on 2 cores)",
@@ -307,6 +366,7 @@ def main() -> int:
         o
         for o in rows
         if not o["scheme"]
+        and not o.get("exchange")
         and o["scanned"] == r["scanned"]
         and o["model"] == r["model"]
         and o.get("xla_flags") == r.get("xla_flags")
@@ -341,7 +401,7 @@ def main() -> int:
     t = {
       "model": f"{r['layers']}-layer {r['model']}",
       "form": "scan" if r["scanned"] else "unrolled",
-      "scheme": benchlib.scheme_label(r["scheme"]) if r["scheme"] else "original",
+      "scheme": _what(r),
       "XLA flags": r.get("xla_flags", "").replace("--xla_", "") or "-",
       "sites": r.get("sites"),
     }
@@ -353,7 +413,7 @@ def main() -> int:
       t["pass s"] = f"{r['pass_s']:.3f}"
       t["pass ms/site"] = f"{r['pass_s'] * 1e3 / max(r['rewritten'], 1):.2f}"
     t["compile s"] = f"{r['compile_s']:.2f}"
-    if o and r["scheme"]:
+    if o and (r["scheme"] or r.get("exchange")):
       r["compile_ratio"] = r["compile_s"] / o["compile_s"]
       t["x original"] = f"{r['compile_ratio']:.2f}"
       if "tpu_compile_s" in r and "tpu_compile_s" in o:
@@ -387,6 +447,13 @@ def main() -> int:
   return 0
 
 
+def _what(row: dict) -> str:
+  """What a row compiled: the scheme's name, "bare EXCHANGE" or "original"."""
+  if row["scheme"]:
+    return benchlib.scheme_label(row["scheme"])
+  return f"bare {row['exchange']}" if row.get("exchange") else "original"
+
+
 def plot(rows, path) -> None:
   plt = benchlib.pyplot()
   if plt is None:
@@ -394,12 +461,7 @@ def plot(rows, path) -> None:
   rs = [r for r in rows if "compile_s" in r and not r.get("xla_flags")]
   fig, ax = plt.subplots(figsize=(7, 3))
   labels = [
-    r["model"]
-    + ", "
-    + ("scan" if r["scanned"] else "unrolled")
-    + "\n"
-    + (benchlib.scheme_label(r["scheme"]) if r["scheme"] else "original")
-    for r in rs
+    r["model"] + ", " + ("scan" if r["scanned"] else "unrolled") + "\n" + _what(r) for r in rs
   ]
   xs = range(len(rs))
   ax.bar([x - 0.2 for x in xs], [r["compile_s"] for r in rs], 0.4, label="XLA:CPU compile")
