@@ -39,6 +39,7 @@ CHECKS = {
   "int8_reference": "self-check of the hand-written hierarchical int8 baseline on 8 CPU devices",
   "netns": "smoke test of the emulated network of netbench (root)",
   "outline_bits": "what --equarx_outline changes in the bits of a quantized psum",
+  "predict": "the cost model's decision for one psum on a cluster you describe",
   "tp_mlp_report": "figures of a tensor-parallel MLP on 8 CPU devices, per scheme",
 }
 SUBCOMMANDS = {**BENCHMARKS, **CHECKS}
