@@ -3,6 +3,8 @@
     python tools/bench_tpu.py                  # v5e:2x2 and v4:2x2x1, 1 and 32 MiB: ~5 minutes
     python tools/bench_tpu.py --topology v4:2x2x1 --sizes 1M 32M --scheme="--equarx_enable"
     python tools/bench_tpu.py --columns 1024   # [rows, 1024] per chip, as activations are
+    python tools/bench_tpu.py --topology v5e:2x2 --sizes 32M --dtypes bf16 \
+      --scheme=--equarx_enable --collectives-alone   # and what the collectives alone cost
 
 No TPU is used or needed: libtpu compiles ahead of time for a named topology
 (equarx_pass.tpu_aot.compile_for_target).  For each topology, message size and dtype,
@@ -28,6 +30,12 @@ schedule) with how many have work scheduled while they are in flight.
 The paper (EQuARX, arXiv 2506.17615) measured 1.8x over the bf16 all-reduce on
 real TPUs; nothing here measures a TPU.
 
+--collectives-alone adds two programs holding only an algorithm's collectives, on int8
+codes already in (8, 128) tiles, one byte per value: two-shot's all_to_all of every
+chip's codes and all_gather of a chip's share; the ring's 2 (N - 1) collective-permutes
+of a chip's share, one after the other.  No quantization, no sum: the part of a form's
+estimate that no emitted form of that algorithm can avoid.
+
 Writes results/tpu.json (or --out) and a PNG plot next to it.
 """
 
@@ -44,6 +52,48 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 
 PAPER_SPEEDUP = 1.8
+
+
+# The --collectives-alone programs' names in the rows' "scheme" field.
+ALONE = ("two_shot collectives alone", "ring collectives alone")
+
+
+def program_label(scheme: str) -> str:
+  if scheme in ALONE:
+    return scheme.replace("_", "-").replace(" collectives", "'s collectives") + " (int8)"
+  return benchlib.scheme_label(scheme) if scheme else "native all-reduce"
+
+
+def collectives_alone(jax, n: int, values: int, algorithm: str):
+  """The collectives of a site of `values` per chip over `n` chips, on int8 codes in
+  (8, 128) tiles, nothing computed.  two_shot: every chip's codes through an all_to_all,
+  a chip's share through an all_gather.  ring: a chip's share through N - 1
+  collective-permutes one after the other, twice (reduce-scatter, all-gather)."""
+  import numpy as np
+  from jax.sharding import Mesh, PartitionSpec as P
+
+  rows = values // 128
+  if values % 128 or rows % (8 * n):
+    raise ValueError(f"{values} values per chip are not whole (8, 128) tiles per member")
+
+  def two_shot(codes):
+    gathered = jax.lax.all_to_all(codes.reshape(n, rows // n, 128), "x", 0, 0, tiled=True)
+    return gathered, jax.lax.all_gather(codes[: rows // n], "x", tiled=True)
+
+  def ring(codes):
+    step = codes[: rows // n]
+    sent = []
+    for _ in range(2 * (n - 1)):
+      step = jax.lax.ppermute(step, "x", [(i, (i + 1) % n) for i in range(n)])
+      sent.append(step)
+    return tuple(sent)
+
+  exchange = two_shot if algorithm == "two_shot" else ring
+
+  mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+  program = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+  arg = jax.ShapeDtypeStruct((n * rows, 128), jax.numpy.int8)
+  return program.lower(arg).compiler_ir("stablehlo")
 
 
 def estimated_cycles(hlo_text: str) -> float:
@@ -167,6 +217,11 @@ def main() -> int:
     help="the operand per chip as [rows, COLUMNS], as activations and weights are, "
     "instead of a flat array (0)",
   )
+  ap.add_argument(
+    "--collectives-alone",
+    action="store_true",
+    help="also programs of two-shot's and the ring's collectives alone on int8 codes",
+  )
   ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "tpu.json"))
   args = ap.parse_args()
 
@@ -207,7 +262,8 @@ def main() -> int:
         module = f.lower(jax.ShapeDtypeStruct(shape, dtype)).compiler_ir("stablehlo")
         # What the native all-reduce sends: a ring in the data's own type.
         native_ring = 2 * (n - 1) * -(-values // n) * np.dtype(dtype).itemsize
-        for scheme in [""] + ok:
+        programs = [""] + ok + (list(ALONE) if args.collectives_alone else [])
+        for scheme in programs:
           row = dict(
             topology=topology,
             dtype=dtype_name,
@@ -216,7 +272,9 @@ def main() -> int:
             scheme=scheme,
             native_ring_bytes=native_ring,
           )
-          if scheme:
+          if scheme in ALONE:
+            mod = collectives_alone(jax, n, values, scheme.split()[0])
+          elif scheme:
             policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0 --equarx_force")
             result = equarx_pass.rewrite_module(
               module, policy.replace(platform="tpu", form=args.form)
@@ -252,11 +310,11 @@ def main() -> int:
           rows.append(row)
           print(
             f"  {topology} {dtype_name} {benchlib.fmt_bytes(size):>8} "
-            f"{benchlib.scheme_label(scheme) if scheme else 'native':<16} "
+            f"{program_label(scheme):<16} "
             f"optimal {row['optimal_seconds'] * 1e6:9.1f} us  compile {tc.seconds:.1f} s",
             flush=True,
           )
-          if scheme and size == max(map(benchlib.parse_size, args.sizes)):
+          if scheme not in ("",) + ALONE and size == max(map(benchlib.parse_size, args.sizes)):
             lap = row["overlap"]
             print(
               f"      async collectives {lap['async_collectives']}, with work scheduled "
@@ -288,7 +346,7 @@ def main() -> int:
       "topology": r["topology"],
       "dtype": r["dtype"],
       "size": benchlib.fmt_bytes(r["size"]),
-      "program": benchlib.scheme_label(r["scheme"]) if r["scheme"] else "native all-reduce",
+      "program": program_label(r["scheme"]),
       "wire bytes/chip": benchlib.fmt_bytes(r["wire_bytes"]),
       "module KB": f"{r['module_bytes'] / 1e3:.0f}",
       "temp MiB": f"{r['temp_bytes'] / 2**20:.1f}" if r.get("temp_bytes") is not None else "-",
@@ -371,7 +429,7 @@ def plot(rows, path, target) -> None:
         [p[0] / 2**20 for p in pts],
         [p[1] * 1e6 for p in pts],
         marker=".",
-        label=benchlib.scheme_label(scheme) if scheme else "native all-reduce",
+        label=program_label(scheme),
       )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
