@@ -17,12 +17,14 @@ and f32 operands (25.7 ps at 32 MiB of either).
                 bf16 up; below that a site costs more than its values (1 MiB of f32:
                 14.0 us, 6.8 us of it by the values), hence the per-site term.  Large bf16
                 operands cost less a value (128 MiB: 14.9 ps), which this overestimates.
-  gpu  4.2e-5 s, 1.0e-11 s  an H100 (`python tools/bench_gpu_step.py --platform cuda`,
-                results/ring_step_cuda.json): one ring step (dequantize, add, quantize)
-                takes 0.057 ms for 4 Mi values and 0.274 ms for 64 Mi, so 3.45 ps a value
-                and 0.042 ms a call; three such passes a value in a two-shot site
-                (quantize, sum, dequantize).  The per-site term is one call's fixed part,
-                Python's dispatch included: an upper bound for a site inside a program.
+  gpu  4.2e-5 s, 1.2e-11 s  an H100: the default site's own work on one device, its
+                collectives stood in locally (`python tools/bench_twin.py --platform cuda
+                --values 32M`, results/twin_cuda_32M.json): 0.63 ms for 32 Mi bf16 values
+                against 0.23 ms for the native all-reduce's sum of 4 (0.75 against 0.36 ms
+                for f32), 12 ps a value.  Per site: the ring step's fixed 0.042 ms a call
+                (`python tools/bench_gpu_step.py --platform cuda`, results/ring_step_cuda.json;
+                dispatch included); the twin at 1 Mi values (`--values 1M`) leaves 0.04 to
+                0.07 ms beyond its values.
   cpu  2e-4 s, 1.3e-8 s  XLA:CPU, 4 devices in one process on 2 cores (`python
                 tools/bench_ring_cpu.py --values 4M --dtypes bf16 f32 --scheme=--equarx_enable`,
                 results/ring_cpu_dtypes.json): the default adds 56.1 ms to the native
@@ -39,7 +41,7 @@ from typing import Sequence
 from equarx_pass.topology import Topology
 
 # platform: (seconds per site, seconds per value)
-COMPUTE_S = {"tpu": (7e-6, 2.6e-11), "gpu": (4.2e-5, 1.0e-11), "cpu": (2e-4, 1.3e-8)}
+COMPUTE_S = {"tpu": (7e-6, 2.6e-11), "gpu": (4.2e-5, 1.2e-11), "cpu": (2e-4, 1.3e-8)}
 
 
 @dataclasses.dataclass(frozen=True)

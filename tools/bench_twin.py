@@ -3,10 +3,11 @@
     python tools/bench_twin.py                          # CPU, 4M values, N = 4
     python tools/bench_twin.py --platform cuda          # on a GPU, where there is one
 
-The rewritten site for a group of N devices, outlined into its own function, becomes a
-one-device program: every collective_permute and all_to_all returns its operand (a
-self-permute: the data stays), every all_gather is N copies of its operand, and the
-rank is 0.  So what is timed is exactly the emitted arithmetic and memory traffic of one
+The rewritten site for a group of N devices, as the pass emits it for the platform that
+runs the twin (outlined on CPU, inline on GPU, as `--equarx_outline=auto` does), becomes
+a one-device program: the shard_map's body is its main, every collective_permute and
+all_to_all returns its operand (a self-permute: the data stays), every all_gather is N
+copies of its operand, and the rank is 0.  So what is timed is exactly the emitted arithmetic and memory traffic of one
 rank, with nothing sent.  Beside it, in the same run: the local work of the
 bandwidth-optimal bf16 ring (tools/bf16_ring.py with the same stand-ins), the N-way sum
 a one-shot native all-reduce does, and a memory copy of the operand (one read, one
@@ -29,33 +30,47 @@ SCHEMES = (
   "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none",
   "--equarx_enable --equarx_algorithm=ring --equarx_rotation=none --equarx_format=int4",
 )
-SITE = "equarx_allreduce_0"
 
 
 def twin_module(module, n: int):
-  """The outlined site of rewritten `module` as a one-device module: its collectives
-  replaced by local stand-ins, its rank 0."""
+  """The per-device program of rewritten `module` (the body of its one shard_map: the
+  site's collectives and the calls of its outlined compute) as a one-device module: its
+  collectives replaced by local stand-ins, its rank 0."""
   from jax.extend.mlir import ir
+  from jax.extend.mlir.dialects import func
   from jax.extend.mlir.dialects import stablehlo as hlo
 
   from equarx_pass import match, rewrite
 
   twin = rewrite.copy_module(module)
   with twin.context, ir.Location.unknown():
-    site = None
-    for op in list(twin.body.operations):
-      if (
-        op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == SITE
-      ):
-        site = op
-      else:
-        op.operation.erase()  # main, the shard_map bodies, meshes
-    if site is None:
-      raise SystemExit(f"no {SITE} in the rewritten module: was the site rewritten?")
+    manual = [op for op in match.walk(twin.operation) if op.name == "sdy.manual_computation"]
+    if len(manual) != 1:
+      raise SystemExit(f"expected one shard_map in the program, found {len(manual)}")
+    body = manual[0].regions[0].blocks[0]
+    ops = list(body.operations)
+    returned = list(ops[-1].operands)  # sdy.return
+    signature = ir.FunctionType.get([a.type for a in body.arguments], [v.type for v in returned])
+    with ir.InsertionPoint(twin.body):
+      site = func.FuncOp("main_twin", signature)
+    entry = site.add_entry_block()
+    with ir.InsertionPoint(entry):
+      end = func.ReturnOp(returned)
+    for old, new in zip(body.arguments, entry.arguments):
+      old.replace_all_uses_with(new)
+    for op in ops[:-1]:
+      op.move_before(end)
+    for op in list(twin.body.operations):  # main (with the emptied shard_map), the meshes
+      keep = op.operation.name == "func.func" and ir.StringAttr(
+        op.attributes["sym_name"]
+      ).value.startswith(("main_twin", "equarx_"))
+      if not keep:
+        op.operation.erase()
     site.attributes["sym_name"] = ir.StringAttr.get("main")
     site.attributes["sym_visibility"] = ir.StringAttr.get("public")
     for name in ("mhlo.num_partitions", "mhlo.num_replicas"):
       twin.operation.attributes[name] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 1)
+
     for op in list(match.walk(site.operation)):  # a list: the loop erases ops
       name = op.name
       if name in ("stablehlo.collective_permute", "stablehlo.all_to_all", "stablehlo.all_reduce"):
@@ -143,13 +158,15 @@ def main(argv=None) -> int:
     }
     for program, seconds in base.items():
       rows.append(dict(dtype=dtype_name, program=program, seconds=seconds))
-    lowered = benchlib.psum_program(n).lower(jax.ShapeDtypeStruct((n * values,), dtype))
+    # Lowered for N CPU devices (one GPU cannot lower a group of N); only the twin runs
+    # on --platform.
+    lowered = benchlib.psum_program(n, "cpu").lower(jax.ShapeDtypeStruct((n * values,), dtype))
     module = lowered.compiler_ir("stablehlo")
     for scheme in schemes:
-      policy = equarx_pass.Policy.from_flags(
-        scheme + " --equarx_min_bytes=0 --equarx_outline=on"
-      ).replace(platform="cpu" if args.platform == "cpu" else "gpu")
-      result = equarx_pass.rewrite_module(module, policy, "cpu")
+      # The form and the outlining the pass gives the twin's platform.
+      platform = "cpu" if args.platform == "cpu" else "gpu"
+      policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0 --equarx_force")
+      result = equarx_pass.rewrite_module(module, policy.replace(platform=platform), platform)
       twin = twin_module(result.module, n)
       options = jax_backend.get_compile_options(num_replicas=1, num_partitions=1)
       executable = device.client.compile_and_load(

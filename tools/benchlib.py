@@ -119,15 +119,15 @@ def jnp_dtype(name: str):
   return {"bf16": jnp.bfloat16, "f32": jnp.float32}[name]
 
 
-def psum_program(n: int):
-  """jax.jit of a shard_map psum over axis "x" of the first `n` devices: the one
-  all-reduce the benchmark tools rewrite."""
+def psum_program(n: int, platform: str | None = None):
+  """jax.jit of a shard_map psum over axis "x" of the first `n` devices (of `platform`,
+  default JAX's default backend): the one all-reduce the benchmark tools rewrite."""
   import jax
   import numpy as np
   from jax.sharding import Mesh
   from jax.sharding import PartitionSpec as P
 
-  mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+  mesh = Mesh(np.array(jax.devices(platform)[:n]), ("x",))
   return jax.jit(
     jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
   )
