@@ -306,6 +306,8 @@ class Candidate:
   # prediction.
   route: Any = None
   prediction: Any = None
+  # Rewritten under --equarx_force although the plan would have left it native: why.
+  forced_over: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -147,12 +147,16 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   prediction = cost.predict(
     route.native, route.rewritten, route.quantized_values, topology, sharing
   )
-  reason = None if policy.force else _loses(route, prediction, topology)
-  if reason:
-    return Skip(decision.site, reason, route=route, prediction=prediction)
+  grows = _sends_more(route)
+  loses = grows or _predicted_loss(prediction, route, topology)
+  if loses and not policy.force:
+    # A rewrite that sends more is left native whatever the time model says: no
+    # prediction beside it (it would read as a win for a tiny site's latency).
+    kept = None if grows else prediction
+    return Skip(decision.site, f"{loses}; left native (--equarx_force rewrites it)", route, kept)
   if policy.identity:
     route = Route("identity", route.native, route.native, 0, route.note)
-  return dataclasses.replace(decision, route=route, prediction=prediction)
+  return dataclasses.replace(decision, route=route, prediction=prediction, forced_over=loses or "")
 
 
 def calibrated(
@@ -187,26 +191,27 @@ def _with_native_traffic(skip: Skip, topology: Topology) -> Skip:
   return dataclasses.replace(skip, route=Route("native", native, native, 0))
 
 
-def _loses(route: Route, prediction: cost.Prediction, topology: Topology) -> str | None:
-  """Why the rewrite would not pay, or None."""
+def _sends_more(route: Route) -> str | None:
+  """Why the rewrite sends at least the native bytes, or None."""
   # Where the native collective crosses slow links, those are the bytes to save (a
   # hierarchical rewrite may add some on the fast ones); else all of them.
   slow = route.native.slow > 0
   before = route.native.slow if slow else route.native.total
   after = route.rewritten.slow if slow else route.rewritten.total
-  if after >= before:
-    where = " across domains" if slow else ""
-    return (
-      f"sends {after / before:.2f}x the native bytes{where} (padding to whole blocks): "
-      "left native (--equarx_force rewrites it)"
-    )
+  if after < before:
+    return None
+  where = " across domains" if slow else ""
+  return f"sends {after / before:.2f}x the native bytes{where} (padding to whole blocks)"
+
+
+def _predicted_loss(prediction: cost.Prediction, route: Route, topology: Topology) -> str | None:
+  """Why the rewrite is predicted slower, or None."""
   if prediction.speedup > 1:
     return None
   link = topology.slow if route.native.slow else topology.fast
   where = "fast links only" if not route.native.slow else "compute outweighs the bytes saved"
   return (
-    f"{where}: rewrite predicted {prediction.speedup:.2f}x "
-    f"({link.name} {link.gbytes_per_s:g} GB/s); left native (--equarx_force rewrites it)"
+    f"{where}: rewrite predicted {prediction.speedup:.2f}x ({link.name} {link.gbytes_per_s:g} GB/s)"
   )
 
 

@@ -132,6 +132,8 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     elif route.note:
       reason += f"; {route.note}"
     reason += _more_bytes_note(route)
+    if isinstance(decision, match.Candidate) and decision.forced_over:
+      reason += f"; forced (--equarx_force): {decision.forced_over}"
     if flat_why is None:
       reason += _tile_order_note(decision, policy, route) + "; tiled form"
     elif not policy.calibration:

@@ -32,7 +32,10 @@ from equarx_pass.policy import parse_compile_target
 
 COMPILE_TIMEOUT_S = 600
 LIBTPU_MULTI_LOAD = "ALLOW_MULTIPLE_LIBTPU_LOAD"
-LIBTPU_HINT = "libtpu is not installed: pip install 'equarx-pass[tpu]'"
+LIBTPU_HINT = (
+  "libtpu is not installed: install the tpu extra (pip install '.[tpu]' in a checkout, "
+  "'equarx-pass[tpu]' from a wheel)"
+)
 
 
 def have_libtpu() -> bool:
@@ -71,8 +74,11 @@ class TopologyCompile:
     if self.all_reduce_shapes:
       left += f" ({', '.join(self.all_reduce_shapes)})"
       # The tiled forms' all-gather of the f32 scales, which the TPU compiler implements
-      # as an all-reduce of a zero-padded buffer when it is small.
-      if all(shape.startswith("f32[") for shape in self.all_reduce_shapes):
+      # as an all-reduce of a zero-padded buffer when it is small (a rewritten program:
+      # it moves s8 codes; else the all-reduces left are the program's own).
+      if self.quantized_collectives and all(
+        shape.startswith("f32[") for shape in self.all_reduce_shapes
+      ):
         left += "; the TPU compiler makes small all-gathers (the f32 scales') all-reduces"
     return (
       f"compiled for {self.target} in {self.seconds:.2f} s: {self.num_devices} devices, "
@@ -91,7 +97,7 @@ class TopologyCompile:
     if mine is not None and theirs is not None:
       parts.append(
         f"on chip {mine * 1e6:.1f} us against the original's {theirs * 1e6:.1f} us "
-        f"({mine / theirs:.2f}x, the compiler's estimate, no transfer time)"
+        f"({mine / theirs:.2f}x its time; the compiler's estimate, no transfer time)"
       )
     if self.temp_bytes is not None and original.temp_bytes is not None:
       from equarx_pass.report import fmt_bytes  # (the report's units; imports the pass)
