@@ -14,7 +14,8 @@ ShardingConfig.fsdp_tp_sharding, jax.make_mesh(--mesh, ("fsdp", "tensor")) with
 jax.set_mesh, its train.jax_train_step (with_capture=True) under optax adamw with the
 example's donation, one run under jax.jit and one under equarx_pass.jit(--flags), on the
 same synthetic token batches.  It prints each step's loss and time and the site report,
-and exits 1 when a loss is more than 1% off jax.jit's.
+and exits 1 when a loss is more than 1% off jax.jit's.  The losses, the sites rewritten
+and the largest difference go to results/gemma_check.json (--out).
 
 Run it with XLA's collective timeouts lowered to see a hang fail fast:
 
@@ -42,7 +43,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402
 
-from flax_examples import install_stand_ins  # noqa: E402
+import benchlib  # noqa: E402
+from flax_examples import flax_commit, install_stand_ins  # noqa: E402
 
 STAND_INS = (
   "clu",
@@ -85,12 +87,23 @@ def import_example(gemma_dir: str):
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--gemma-dir", required=True, help="flax's examples/gemma directory")
-  parser.add_argument("--flags", default="--equarx_enable --equarx_min_bytes=0")
+  parser.add_argument(
+    "--flags",
+    default="--equarx_enable --equarx_min_bytes=0",
+    help="equarx_pass.jit's flags for the second run",
+  )
   parser.add_argument("--mesh", default="8,1", help="fsdp,tensor sizes (8,1: FSDP; 1,8: TP)")
   parser.add_argument("--steps", type=int, default=3)
   parser.add_argument("--layers", type=int, default=2)
   parser.add_argument("--batch", type=int, default=16)
   parser.add_argument("--length", type=int, default=128)
+  parser.add_argument(
+    "--flax-commit",
+    default="",
+    help="the flax commit the directory came from (default: git rev-parse there; needed "
+    "for a directory unpacked with git archive)",
+  )
+  parser.add_argument("--out", default=os.path.join(benchlib.RESULTS, "gemma_check.json"))
   args = parser.parse_args()
 
   import jax
@@ -169,6 +182,17 @@ def main() -> int:
   print(fn.report)
   worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
   print(f"largest loss difference against jax.jit over {args.steps} steps: {worst:.2e}")
+  records = fn.report.lowerings[-1].records  # the train step's (one lowering per signature)
+  benchlib.write_result(
+    args.out,
+    [dict(step=i, jax_jit_loss=w, equarx_loss=g) for i, (w, g) in enumerate(zip(want, got))],
+    flax_commit=args.flax_commit or flax_commit(args.gemma_dir),
+    mesh=args.mesh,
+    flags=args.flags,
+    sites=len(records),
+    rewritten=sum(r.rewritten for r in records),
+    largest_loss_difference=worst,
+  )
   return 0 if worst <= 1e-2 else 1
 
 

@@ -477,7 +477,7 @@ def main(argv=None):
     "--flax-commit",
     default="",
     help="the flax commit the directory came from (default: git rev-parse "
-    "in --lm1b-dir, where it is a work tree)",
+    "in --lm1b-dir, where it is a work tree; needed for a directory unpacked with git archive)",
   )
   parser.add_argument("--dump", default="", help="write each rewritten logits module here")
   opts = parser.parse_args(argv)

@@ -479,7 +479,12 @@ def main(argv=None):
     help="config.warmup_steps (the example's 1000 keeps the learning rate ~0 for a few steps)",
   )
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--flax-commit", default="")
+  parser.add_argument(
+    "--flax-commit",
+    default="",
+    help="the flax commit the directory came from (default: git rev-parse in --wmt-dir, "
+    "where it is a work tree; needed for a directory unpacked with git archive)",
+  )
   opts = parser.parse_args(argv)
   if not opts.wmt_dir:
     parser.error("--wmt-dir is required (flax's examples/wmt; see the docstring)")
@@ -541,11 +546,9 @@ def main(argv=None):
   total = time.perf_counter() - start
   print(f"total {total:.0f} s")
   if opts.out:
-    benchlib.write_results(
+    benchlib.write_result(
       opts.out,
       rows,
-      [],
-      [],
       flax_commit=commit,
       wmt_dir=os.path.abspath(opts.wmt_dir),
       stand_ins=stand_ins,
