@@ -13,10 +13,11 @@ whatever the operand's type, and the TPU estimates give the same time per value 
 and f32 operands (25.7 ps at 32 MiB of either).
   tpu  7e-6 s, 2.6e-11 s  the TPU compiler's estimates, v5e:2x2 (`python tools/bench_tpu.py
                 --scheme="--equarx_enable" --topology v5e:2x2 --sizes 256K 1M 4M 16M 128M
-                --dtypes bf16 f32`, results/tpu_sizes.json): 25.7-26.0 ps a value from 4 MiB of f32 and 1 MiB of
-                bf16 up; below that a site costs more than its values (1 MiB of f32:
-                14.0 us, 6.8 us of it by the values), hence the per-site term.  Large bf16
-                operands cost less a value (128 MiB: 14.9 ps), which this overestimates.
+                --dtypes bf16 f32`, results/tpu_sizes.json): 25.7-26.0 ps a value from
+                4 MiB of f32 and 1 MiB of bf16 up; below that a site costs more than its
+                values (1 MiB of f32: 14.0 us, 6.8 us of it by the values), hence the
+                per-site term.  Large bf16 operands cost less a value (128 MiB: 14.9 ps),
+                which this overestimates.
   gpu  4.2e-5 s, 1.2e-11 s  an H100: the default site's own work on one device, its
                 collectives stood in locally (`python tools/bench_twin.py --platform cuda
                 --values 32M`, results/twin_cuda_32M.json): 0.63 ms for 32 Mi bf16 values
