@@ -21,6 +21,7 @@ BENCHMARKS = {
   "bench_compile": "pass time and compile time on a 64-layer tensor-parallel transformer",
   "bench_dispatch": "per-call Python dispatch overhead of equarx_pass.jit against jax.jit",
   "bench_gpu_step": "the ring step's arithmetic on one device, against copy bandwidth",
+  "bench_kernel": "the quantize stage as one Pallas kernel against XLA's, on one device",
   "bench_multislice": "multislice TPU, compile-only: DCN bytes, on-chip time, compile time",
   "bench_ring_cpu": "the all-reduce's own compute on P virtual CPU devices in one process",
   "bench_tpu": "the TPU compiler's estimates for the native and the rewritten all-reduce",
