@@ -1,17 +1,20 @@
-"""The default's quantize stage as one Pallas kernel, against what XLA makes of the same math.
+"""The default's local stages as Pallas kernels, against what XLA makes of the same math.
 
     python tools/bench_kernel.py --platform cuda            # on a GPU, where there is one
     python tools/bench_kernel.py --values 1M --interpret    # anywhere: Pallas's interpreter
 
-The stage is the tiled form's first one for a 16-bit operand: rotate each row of 128
-values by the randomized Hadamard matrix ((H / 128) D, as a matmul), take each row's
-absmax, scale it by 1/127 and round the rotated values to int8 codes, as quantize.py
-has it.  XLA compiles that math from jnp, as it compiles the pass's emitted ops: a matmul
-whose f32 result it stores, then the reductions and the codes.  The kernel does it in one
-pass per block of rows: read the block, rotate it on the tensor cores, keep it in
-registers for the maximum and the codes, write codes and scales.  Printed: the median of
---calls calls of each, beside one pass over the operand (x + 1), and how many codes and
-scales the kernel gets differently from XLA (the matmul may sum in another order).
+Two stages of the tiled form for a 16-bit operand, each once as jnp that XLA compiles (as
+it compiles the pass's emitted ops) and once as one Pallas kernel over blocks of rows:
+
+  quantize  rotate each row of 128 values by the randomized Hadamard matrix ((H / 128) D,
+            a matmul), take each row's absmax, scale it by 1/127 and round the rotated
+            values to int8 codes, as quantize.py has it.  XLA stores the matmul's f32
+            result and reads it back; the kernel keeps each block on chip.
+  sum       the N received pieces of one chunk (--group): codes times scales summed in
+            f32, each new term first, then requantized.
+
+Printed per stage: the median of --calls calls of each, beside one pass over the stage's
+input (x + 1), and how many codes and scales the kernel gets differently from XLA.
 
 This is a measurement for the kernel form, not part of the pass: nothing here is emitted.
 """
@@ -55,6 +58,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--values", default="32M", help="values (K/M suffixes), bf16")
   parser.add_argument("--rows-per-block", type=int, default=128)
+  parser.add_argument("--group", type=int, default=4, help="N: the pieces the sum stage adds")
   parser.add_argument("--calls", type=int, default=21)
   parser.add_argument("--platform", default="cpu", help="the JAX platform that runs it")
   parser.add_argument("--interpret", action="store_true", help="Pallas's interpreter")
@@ -79,35 +83,83 @@ def main(argv=None) -> int:
   rng = np.random.default_rng(0)
   x = jax.device_put(jnp.asarray(rng.standard_normal((rows, ROW)), jnp.bfloat16), device)
 
-  @jax.jit
-  def xla(x, m):
+  n = args.group
+  if rows % (n * block):
+    parser.error(f"--values must be whole blocks of {block} rows for each of {n} members")
+
+  def quantize_math(x, m):
     return quantize_rows(jnp, jnp.dot(x, m, preferred_element_type=jnp.float32))
 
-  def kernel(x_ref, m_ref, codes_ref, scale_ref):
-    y = jnp.dot(x_ref[...], m_ref[...], preferred_element_type=jnp.float32)
-    codes, scale = quantize_rows(jnp, y)
-    codes_ref[...] = codes
-    scale_ref[...] = scale
+  def quantize_kernel(x_ref, m_ref, codes_ref, scale_ref):
+    codes_ref[...], scale_ref[...] = quantize_math(x_ref[...], m_ref[...])
 
-  fused = jax.jit(
-    pl.pallas_call(
-      kernel,
-      grid=(rows // block,),
-      in_specs=[
-        pl.BlockSpec((block, ROW), lambda i: (i, 0)),
-        pl.BlockSpec((ROW, ROW), lambda i: (0, 0)),
-      ],
-      out_specs=[
-        pl.BlockSpec((block, ROW), lambda i: (i, 0)),
-        pl.BlockSpec((block,), lambda i: (i,)),
-      ],
-      out_shape=[
-        jax.ShapeDtypeStruct((rows, ROW), jnp.int8),
-        jax.ShapeDtypeStruct((rows,), jnp.float32),
-      ],
-      interpret=args.interpret,
-    )
+  def sum_math(terms):
+    """The N received pieces' codes and scales summed in f32, as the emitted sum: each
+    new term first, the sum starting from the first term; then requantized."""
+    total = None
+    for codes, scale in terms:
+      term = codes.astype(jnp.float32) * scale[:, None]
+      total = term if total is None else term + total
+    return quantize_rows(jnp, total)
+
+  def sum_kernel(codes_ref, scales_ref, codes_out, scale_out):
+    terms = [(codes_ref[j, :, :], scales_ref[j, :]) for j in range(n)]
+    codes_out[...], scale_out[...] = sum_math(terms)
+
+  chunk = rows // n
+  codes_and_scales = [
+    jax.ShapeDtypeStruct((chunk, ROW), jnp.int8),
+    jax.ShapeDtypeStruct((chunk,), jnp.float32),
+  ]
+  out_blocks = [
+    pl.BlockSpec((block, ROW), lambda i: (i, 0)),
+    pl.BlockSpec((block,), lambda i: (i,)),
+  ]
+  quantize_fused = pl.pallas_call(
+    quantize_kernel,
+    grid=(rows // block,),
+    in_specs=[
+      pl.BlockSpec((block, ROW), lambda i: (i, 0)),
+      pl.BlockSpec((ROW, ROW), lambda i: (0, 0)),
+    ],
+    out_specs=out_blocks,
+    out_shape=[
+      jax.ShapeDtypeStruct((rows, ROW), jnp.int8),
+      jax.ShapeDtypeStruct((rows,), jnp.float32),
+    ],
+    interpret=args.interpret,
   )
+  sum_fused = pl.pallas_call(
+    sum_kernel,
+    grid=(chunk // block,),
+    in_specs=[
+      pl.BlockSpec((n, block, ROW), lambda i: (0, i, 0)),
+      pl.BlockSpec((n, block), lambda i: (0, i)),
+    ],
+    out_specs=out_blocks,
+    out_shape=codes_and_scales,
+    interpret=args.interpret,
+  )
+  # The sum stage's input: every member's codes and scales of one chunk.
+  received = jax.device_put(jnp.asarray(rng.integers(-127, 128, (n, chunk, ROW)), jnp.int8), device)
+  received_scales = jax.device_put(
+    jnp.asarray(rng.uniform(0.001, 0.05, (n, chunk)), jnp.float32), device
+  )
+  stages = {
+    "quantize": (
+      (x, m),
+      jax.jit(quantize_math),
+      jax.jit(quantize_fused),
+      f"rotate, absmax, scale and round {benchlib.fmt_bytes(values * 2)} of bf16",
+    ),
+    "sum": (
+      (received, received_scales),
+      jax.jit(lambda q, s: sum_math([(q[j], s[j]) for j in range(n)])),
+      jax.jit(sum_fused),
+      f"dequantize, sum and requantize {n} pieces of {benchlib.fmt_bytes(chunk * ROW)} "
+      "of int8 codes",
+    ),
+  }
   one_pass = jax.jit(lambda v: v + 1)
 
   def timed(run) -> float:
@@ -119,34 +171,41 @@ def main(argv=None) -> int:
       times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]
 
-  want_codes, want_scales = (np.asarray(a) for a in xla(x, m))
-  got_codes, got_scales = (np.asarray(a) for a in fused(x, m))
-  rows_out = [
-    dict(program="one pass (x + 1)", seconds=timed(lambda: one_pass(x))),
-    dict(program="XLA: jnp of the stage", seconds=timed(lambda: xla(x, m))),
-    dict(program="one Pallas kernel", seconds=timed(lambda: fused(x, m))),
-  ]
-  for r in rows_out:
-    r["ms"] = f"{r['seconds'] * 1e3:.3f}"
-    r["x_one_pass"] = f"{r['seconds'] / rows_out[0]['seconds']:.2f}"
-  codes_off = int(np.count_nonzero(got_codes != want_codes))
-  scales_off = int(np.count_nonzero(got_scales != want_scales))
-  title = (
-    f"the quantize stage of {benchlib.fmt_bytes(values * 2)} of bf16 on one "
-    f"{device.platform} device{' (interpreted)' if args.interpret else ''}, "
-    f"median of {args.calls}"
-  )
-  print(benchlib.table(rows_out, ["program", "ms", "x_one_pass"], title))
-  print(f"the kernel's codes against XLA's: {codes_off} of {values} differ; scales: {scales_off}")
+  rows_out = []
+  where = f"one {device.platform} device{' (interpreted)' if args.interpret else ''}"
+  for stage, (inputs, xla, fused, what) in stages.items():
+    want_codes, want_scales = (np.asarray(a) for a in xla(*inputs))
+    got_codes, got_scales = (np.asarray(a) for a in fused(*inputs))
+    first = inputs[0]
+    stage_rows = [
+      dict(
+        stage=stage,
+        program="one pass over its input (x + 1)",
+        seconds=timed(lambda: one_pass(first)),
+      ),
+      dict(stage=stage, program="XLA: jnp of the stage", seconds=timed(lambda: xla(*inputs))),
+      dict(stage=stage, program="one Pallas kernel", seconds=timed(lambda: fused(*inputs))),
+    ]
+    for r in stage_rows:
+      r["ms"] = f"{r['seconds'] * 1e3:.3f}"
+      r["x_one_pass"] = f"{r['seconds'] / stage_rows[0]['seconds']:.2f}"
+    stage_rows[-1]["codes_differing"] = int(np.count_nonzero(got_codes != want_codes))
+    stage_rows[-1]["scales_differing"] = int(np.count_nonzero(got_scales != want_scales))
+    title = f"{stage}: {what}, on {where}, median of {args.calls}"
+    print(benchlib.table(stage_rows, ["program", "ms", "x_one_pass"], title))
+    print(
+      f"the kernel's codes against XLA's: {stage_rows[-1]['codes_differing']} of "
+      f"{want_codes.size} differ; scales: {stage_rows[-1]['scales_differing']}\n"
+    )
+    rows_out += stage_rows
   benchlib.write_result(
     args.out,
     rows_out,
     values=values,
+    group=n,
     rows_per_block=block,
     platform=device.platform,
     interpret=args.interpret,
-    codes_differing=codes_off,
-    scales_differing=scales_off,
   )
   return 0
 
