@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -162,29 +161,20 @@ def main(argv=None) -> int:
   }
   one_pass = jax.jit(lambda v: v + 1)
 
-  def timed(run) -> float:
-    jax.block_until_ready(run())
-    times = []
-    for _ in range(args.calls):
-      start = time.perf_counter()
-      jax.block_until_ready(run())
-      times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
-
   rows_out = []
   where = f"one {device.platform} device{' (interpreted)' if args.interpret else ''}"
   for stage, (inputs, xla, fused, what) in stages.items():
     want_codes, want_scales = (np.asarray(a) for a in xla(*inputs))
     got_codes, got_scales = (np.asarray(a) for a in fused(*inputs))
     first = inputs[0]
+    programs = {
+      "one pass over its input (x + 1)": lambda: one_pass(first),
+      "XLA: jnp of the stage": lambda: xla(*inputs),
+      "one Pallas kernel": lambda: fused(*inputs),
+    }
     stage_rows = [
-      dict(
-        stage=stage,
-        program="one pass over its input (x + 1)",
-        seconds=timed(lambda: one_pass(first)),
-      ),
-      dict(stage=stage, program="XLA: jnp of the stage", seconds=timed(lambda: xla(*inputs))),
-      dict(stage=stage, program="one Pallas kernel", seconds=timed(lambda: fused(*inputs))),
+      dict(stage=stage, program=name, seconds=benchlib.median_seconds(run, args.calls))
+      for name, run in programs.items()
     ]
     for r in stage_rows:
       r["ms"] = f"{r['seconds'] * 1e3:.3f}"

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
@@ -99,19 +98,6 @@ def twin_module(module, n: int):
   return twin
 
 
-def timed(run, calls: int) -> float:
-  """Median seconds of `calls` calls of run() after one warm-up."""
-  import jax
-
-  jax.block_until_ready(run())
-  times = []
-  for _ in range(calls):
-    start = time.perf_counter()
-    jax.block_until_ready(run())
-    times.append(time.perf_counter() - start)
-  return sorted(times)[len(times) // 2]
-
-
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--group", type=int, default=4, help="N, the devices the site is for")
@@ -152,9 +138,9 @@ def main(argv=None) -> int:
     one_shot = jax.jit(one_shot)
     ring = jax.jit(lambda v: bf16_ring.bf16_ring_allreduce(v, "x", n, permute=lambda b: b, rank=0))
     base = {
-      "one pass (x + 1)": timed(lambda: copy(x), args.calls),
-      "native one-shot sum of N": timed(lambda: one_shot(stacked), args.calls),
-      "bf16 ring": timed(lambda: ring(x), args.calls),
+      "one pass (x + 1)": benchlib.median_seconds(lambda: copy(x), args.calls),
+      "native one-shot sum of N": benchlib.median_seconds(lambda: one_shot(stacked), args.calls),
+      "bf16 ring": benchlib.median_seconds(lambda: ring(x), args.calls),
     }
     for program, seconds in base.items():
       rows.append(dict(dtype=dtype_name, program=program, seconds=seconds))
@@ -172,7 +158,7 @@ def main(argv=None) -> int:
       executable = device.client.compile_and_load(
         str(twin), _jax_private.device_list([device]), options
       )
-      seconds = timed(
+      seconds = benchlib.median_seconds(
         lambda: executable.execute_sharded([x]).disassemble_into_single_device_arrays(),
         args.calls,
       )

@@ -133,6 +133,20 @@ def psum_program(n: int, platform: str | None = None):
   )
 
 
+def median_seconds(run, calls: int) -> float:
+  """Median seconds of `calls` calls of run() after one warm-up, each waited for
+  (jax.block_until_ready on what it returns)."""
+  import jax
+
+  jax.block_until_ready(run())
+  times = []
+  for _ in range(calls):
+    start = time.perf_counter()
+    jax.block_until_ready(run())
+    times.append(time.perf_counter() - start)
+  return sorted(times)[len(times) // 2]
+
+
 def parse_size(text: str) -> int:
   """'64K', '8M', '4096' -> bytes (powers of 1024)."""
   m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text, re.I)
