@@ -316,7 +316,7 @@ class Jitted:
     note = ""
     if self._wants_partitioned(module):
       try:
-        return self._rewrite_partitioned(lowered, args, kwargs)
+        return self._rewrite_partitioned(lowered, module, args, kwargs)
       except partitioned.NotPartitionable as e:
         if self.policy.partitioned == "on":
           raise RewriteError(f"--equarx_partitioned=on: {e}") from None
@@ -343,11 +343,12 @@ class Jitted:
       return False
     return mode == "on" or not match.find_sites(module, self.policy.ops)
 
-  def _rewrite_partitioned(self, lowered, args, kwargs):
+  def _rewrite_partitioned(self, lowered, module, args, kwargs):
+    """`module`: the lowering's StableHLO, the original --equarx_compile_for compares with."""
     done = partitioned.rewrite_partitioned(
       lowered, self.policy, lowered_topology(lowered, self.policy)
     )
-    tpu = self._compile_for_target(done.module, lowered.compiler_ir("stablehlo"))
+    tpu = self._compile_for_target(done.module, module)
     self._record(
       done.result.records,
       done.pass_seconds,
