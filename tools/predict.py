@@ -37,6 +37,8 @@ def main(argv=None) -> int:
   parser.add_argument("--dtype", default="bf16", choices=["bf16", "f32"])
   parser.add_argument("--flags", default="--equarx_enable", help="the scheme's flags")
   args = parser.parse_args(argv)
+  if args.domain_devices < 1 or args.devices % args.domain_devices:
+    parser.error(f"--devices {args.devices} is not whole domains of {args.domain_devices}")
   os.environ["JAX_PLATFORMS"] = "cpu"
   import jax
 
