@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     print(benchlib.table(stage_rows, ["program", "ms", "x_one_pass"], title))
     print(
       f"the kernel's codes against XLA's: {stage_rows[-1]['codes_differing']} of "
-      f"{want_codes.size} differ; scales: {stage_rows[-1]['scales_differing']}\n"
+      f"{want_codes.size} differ; scales differing: {stage_rows[-1]['scales_differing']}\n"
     )
     rows_out += stage_rows
   benchlib.write_result(

@@ -13,7 +13,8 @@ What it does, the way the example's train.py does it: a tiny Transformer config
 ShardingConfig.fsdp_tp_sharding, jax.make_mesh(--mesh, ("fsdp", "tensor")) with
 jax.set_mesh, its train.jax_train_step (with_capture=True) under optax adamw with the
 example's donation, one run under jax.jit and one under equarx_pass.jit(--flags), on the
-same synthetic token batches.  It prints each step's loss and time and the site report,
+same synthetic token batches.  It prints each step's loss (the example's metrics: the
+mean over the steps so far) and time and the site report,
 and exits 1 when a loss is more than 1% off jax.jit's.  The losses, the sites rewritten
 and the largest difference go to results/gemma_check.json (--out).
 
@@ -181,7 +182,7 @@ def main() -> int:
   fn, got = run(lambda f, **kw: equarx_pass.jit(f, flags=args.flags, **kw), "equarx_pass.jit")
   print(fn.report)
   worst = max(abs(g - w) / abs(w) for g, w in zip(got, want))
-  print(f"largest loss difference against jax.jit over {args.steps} steps: {worst:.2e}")
+  print(f"largest relative loss difference against jax.jit over {args.steps} steps: {worst:.2e}")
   records = fn.report.lowerings[-1].records  # the train step's (one lowering per signature)
   benchlib.write_result(
     args.out,
