@@ -29,7 +29,7 @@ import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import rotation, rotation_emit
+from equarx_pass import quantize_kernel, rotation, rotation_emit
 from equarx_pass.hlo_builder import (
   ChannelAllocator,
   Collectives,
@@ -43,6 +43,7 @@ from equarx_pass.layout import ChunkLayout, DeviceKind, GroupSchedule
 from equarx_pass.quantize_emit import FlatCodec, TileCodec
 
 if TYPE_CHECKING:
+  from equarx_pass.quantize_kernel import QuantizeKernels
   from equarx_pass.scheme import Scheme
 
 LANES = 128
@@ -75,6 +76,9 @@ class SitePlan:
   # collectives after the collectives that follow it only by the loop's launch: one
   # order of collectives on every device needs them written out there (outline.py).
   collectives_in_loops: bool = True
+  # The kernel form: the site's first quantize (TiledSite.quantize_chunks) as a Pallas
+  # kernel, where the kernel can do it (quantize_kernel.py).
+  quantize_kernels: QuantizeKernels | None = None
 
   @property
   def rotation_size(self) -> int:
@@ -206,6 +210,18 @@ class TiledSite:
     # else the halves of its lanes.
     pair_rows = block_dims == 2 and self.tile[-2] % 2 == 0
     self.codec = TileCodec(em, self.fmt, block_dims, -2 if pair_rows else -1, plan.nan_in_combiner)
+    self._kernels = plan.quantize_kernels
+    if self._kernels is not None:
+      why = quantize_kernel.why_not(
+        self.fmt.name, plan.scheme.rounding == "stochastic", self.tile, block_dims
+      )
+      if not why and plan.rotation_size not in (0, LANES):
+        why = f"a rotation of {plan.rotation_size} values, not {LANES}"
+      if not why and plan.rotation_size and not plan.matmul_rotation:
+        why = "the rotation is the model's butterflies"
+      if why:
+        self._kernels.notes.append(("quantize", why))
+        self._kernels = None
     self.types = [ir.RankedTensorType(v.type) for v in operands]
     self.size = plan.rotation_size
     # 16-bit floats stay 16-bit until a step reads them (exact), and enter the rotation's
@@ -218,7 +234,18 @@ class TiledSite:
       else None
     )
     self.tiles = grid if isinstance(grid, tuple) else None
-    if self.tiles is not None:
+    # The kernel form reads and writes an operand of whole (8, 128) tiles where it lies,
+    # one column of tiles after the other, instead of moving it into tile order.
+    self._columns = 0
+    if self.tiles is not None and self._kernels is not None:
+      lead, rows, cols = self.tiles
+      whole = lead * rows * cols * SUBLANES * LANES == plan.layout.padded
+      if whole and not self._kernels.why_not(lead * rows * cols, str(entry), cols):
+        self._columns = cols
+    if self._columns:
+      lead, rows, cols = self.tiles  # type: ignore[misc]
+      x = em.reshape(em.convert(operands[0], entry), (lead * rows * SUBLANES, cols * LANES))
+    elif self.tiles is not None:
       x = em.reshape(self._in_tile_order(operands[0], entry), (self.n, *self.tile))
     elif pieces is None:
       x = em.reshape(em.flat_padded(operands, entry, plan.layout.padded), (self.n, *self.tile))
@@ -226,7 +253,9 @@ class TiledSite:
       x = em.reshape(self._piece_rows(operands[0], pieces, entry), (pieces.rows, *self.tile))
     self._unrotated = x
     self._forward_matrix: ir.Value | None = None
-    if self.size and plan.matmul_rotation:
+    if self._kernels is not None:
+      pass  # the kernel rotates as it quantizes (quantize_chunks)
+    elif self.size and plan.matmul_rotation:
       x = self._rotate(x)
     elif self.size:
       # The model's butterflies, in its order: the same bits as the model.
@@ -268,12 +297,16 @@ class TiledSite:
   def _rotate(self, x: ir.Value) -> ir.Value:
     """(H / size) x in one matmul: the power-of-two scale is exact in the matrix and in
     the products (the same value as scaling first, unless a sum overflows)."""
-    element_type = ir.RankedTensorType(x.type).element_type
-    if self._forward_matrix is None:
-      self._forward_matrix = rotation_emit.matrix(self.em, self.size, True, element_type)
     return rotation_emit.matmul(
-      self.em, x, self.size, exact=False, forward=True, rhs=self._forward_matrix
+      self.em, x, self.size, exact=False, forward=True, rhs=self._matrix(x)
     )
+
+  def _matrix(self, x: ir.Value) -> ir.Value:
+    """The forward rotation's matrix in x's element type (one constant per site)."""
+    if self._forward_matrix is None:
+      element_type = ir.RankedTensorType(x.type).element_type
+      self._forward_matrix = rotation_emit.matrix(self.em, self.size, True, element_type)
+    return self._forward_matrix
 
   def quantize_chunks(self) -> tuple[ir.Value, ir.Value]:
     """Codes and scales of all the chunks [rows, *tile].
@@ -287,12 +320,35 @@ class TiledSite:
     of temporary memory instead of 1032 MiB.  An f32 operand is read twice at the cost
     of the round trip it saves, and is not (32 MiB: 3.37x against 4.63x)."""
     em = self.em
+    if self._kernels is not None:
+      matrix = self._matrix(self._unrotated) if self.size else None
+      done = self._kernels.quantize(em, self._unrotated, matrix, self._columns)
+      if done is not None:
+        lead = (self.n,) if self._columns else shape_of(self._unrotated)[:1]
+        codes = em.reshape(done[0], (*lead, *self.tile))
+        scales = em.reshape(done[1], (*lead, *self.tile[:-1]))
+        return codes, self.fmt.emit_wire_scales(em, scales)
+      # Not expected (the kernels said they could), but the tiled form from here on.
+      assert not self._columns, "the kernel form declined an operand it took"
+      self._kernels = None
+      self.chunks = self._rotate(self._unrotated) if self.size else self._unrotated
     x = em.convert(self.chunks, em.f32)
     narrow = ir.RankedTensorType(self._unrotated.type).element_type != em.f32
     if not (self.size and self.plan.matmul_rotation and narrow):
       return self.codec.quantize(x)
     barrier = hlo.OptimizationBarrierOp([self._unrotated]).results[0]
     return self.codec.quantize(self._rotate(barrier), max_of=x)
+
+  def sum_quantized(self, codes: ir.Value, scales: ir.Value) -> tuple[ir.Value, ir.Value] | None:
+    """The kernel form's sum: the N received pieces' codes [N, *tile] and scales summed in
+    f32 and quantized again, in one kernel; None where the site has no kernel."""
+    if self._kernels is None:
+      return None
+    done = self._kernels.sum_quantize(self.em, codes, self.codec.scales(scales))
+    if done is None:
+      return None
+    summed, summed_scales = done
+    return summed, self.fmt.emit_wire_scales(self.em, summed_scales)
 
   def _piece_rows(self, operand: ir.Value, pieces: Pieces, entry: ir.Type) -> ir.Value:
     """The operand's pieces, [rows, C] of `entry`: moved, cut, each padded to the chunk."""
@@ -399,10 +455,32 @@ class TiledSite:
 
   def finish(self, codes: ir.Value, scales: ir.Value) -> list[ir.Value]:
     """All N chunks' codes [N R, ...] and scales [N R, ...], in chunk order -> the results."""
-    values = self._dequantize(codes, scales)
+    values = self._kernel_values(codes, scales)
+    if values is not None and self._columns:  # the operand's own rows
+      return [self.em.reshape(values, self.types[0].shape)]
+    if values is None:
+      values = self._dequantize(codes, scales)
     if self.tiles is not None:
       return [self._from_tile_order(values)]
     return self.em.unflatten_like(values, self.types)
+
+  def _kernel_values(self, codes: ir.Value, scales: ir.Value) -> ir.Value | None:
+    """The kernel form's finish: _dequantize in one kernel, its values already in the
+    results' element type (f32 where they differ); None where the site has no kernel."""
+    if self._kernels is None:
+      return None
+    em = self.em
+    kinds = {t.element_type for t in self.types}
+    element = kinds.pop() if len(kinds) == 1 else em.f32
+    inverse = None
+    if self.size:
+      signs = np.broadcast_to(rotation.signs(self.size), (SUBLANES, self.size))
+      inverse = (
+        rotation_emit.matrix(em, self.size, False, em.f32),
+        em.const(np.ascontiguousarray(signs, np.float32), em.f32),
+      )
+    scales = self.codec.scales(scales)
+    return self._kernels.dequantize(em, codes, scales, element, inverse, self._columns)
 
   def _dequantize(self, codes: ir.Value, scales: ir.Value) -> ir.Value:
     """Codes and scales -> f32 values, rotated back where the scheme rotates."""

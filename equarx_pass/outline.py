@@ -110,7 +110,7 @@ def _outline(run: list[ir.Operation], module: ir.Module, name: str, location: ir
     del op.attributes[_MARK]
   if not outputs:  # nothing outside uses the run: XLA drops it, a call would not help
     return
-  name = _fresh_symbol(module, name)
+  name = fresh_symbol(module, name)
   with location:
     with ir.InsertionPoint(module.body):
       callee = func.FuncOp(
@@ -171,11 +171,12 @@ def _defining_op(value: ir.Value) -> ir.Operation | None:
   return owner.operation
 
 
-def _fresh_symbol(module: ir.Module, base: str) -> str:
-  """`base`, or base_2, base_3, ... if the module already has a symbol of that name."""
+def fresh_symbol(module: ir.Module, base: str, taken: set[str] | frozenset = frozenset()) -> str:
+  """`base`, or base_2, base_3, ... if the module already has a symbol of that name (or
+  it is in `taken`)."""
   table = ir.SymbolTable(module.operation)
   name, n = base, 1
-  while name in table:
+  while name in table or name in taken:
     n += 1
     name = f"{base}_{n}"
   return name

@@ -22,7 +22,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import cost, forms, match, outline, plan, site_patterns
+from equarx_pass import cost, forms, match, outline, plan, quantize_kernel, site_patterns
 from equarx_pass import topology as topology_lib
 from equarx_pass.calibrated import calibration, outlier
 from equarx_pass.hlo_builder import ChannelAllocator
@@ -241,6 +241,7 @@ def rewrite_module(
   if not policy.identity:
     candidates, calibrated = _calibrated_plans(candidates, policy, records, topology)
   if candidates:
+    kernels, no_kernel = _quantize_kernels(out, policy, platform, target, flat_why)
     ctx = site_patterns.RewriteContext(
       policy,
       ChannelAllocator(match.max_channel_handle(out)),
@@ -248,13 +249,46 @@ def rewrite_module(
       target,
       tiled_form=flat_why is None,
       calibrated=calibrated,
+      kernels=kernels,
     )
     with out.context:
       for cand in candidates:
+        noted = len(kernels.notes) if kernels else 0
         replacement = site_patterns.pattern_for(cand).replacement(cand, ctx)
         _emit_in_place(cand, replacement, outline_into if replacement.outline else None)
+        if policy.form == "kernel":
+          notes = kernels.notes[noted:] if kernels else [("quantize", no_kernel)]
+          records[cand.site.index] = _with_form(records[cand.site.index], notes, kernels)
     verify(out)
   return RewriteResult(out, records, time.perf_counter() - start, topology)
+
+
+def _quantize_kernels(
+  module: ir.Module, policy: Policy, platform: str | None, target: str, flat_why: str | None
+) -> tuple[quantize_kernel.QuantizeKernels | None, str]:
+  """The kernel form's kernels for `module` (None where there are none), and why not."""
+  if policy.form != "kernel" or flat_why is not None:
+    return None, ""
+  where = quantize_kernel.target_for(platform, target)
+  if where not in ("tpu", "cuda", "interpret"):
+    return None, where
+  return quantize_kernel.QuantizeKernels(module, where), ""  # type: ignore[arg-type]
+
+
+def _with_form(record: SiteRecord, notes: list[tuple[str, str]], kernels) -> SiteRecord:
+  """The record of a site emitted under --equarx_form=kernel: which of its stages are
+  kernels (notes: quantize_kernel.QuantizeKernels.notes of this site, (stage, why not))."""
+  ran = [stage for stage, why in notes if not why]
+  declined = [(stage, why) for stage, why in notes if why]
+  if ran:
+    where = {"tpu": "Mosaic", "cuda": "Triton", "interpret": "Pallas interpreter"}
+    stages = " + ".join(dict.fromkeys(ran))
+    tiled = "".join(f"; {stage} tiled: {why}" for stage, why in declined)
+    form = f"; kernel form (Pallas {stages}, {where[kernels.target]}{tiled})"
+  else:
+    why = declined[0][1] if declined else "the algorithm quantizes in its steps"
+    form = f"; tiled form (no kernel: {why})"
+  return dataclasses.replace(record, reason=record.reason.replace("; tiled form", form, 1))
 
 
 def default_topology(

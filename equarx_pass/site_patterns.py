@@ -26,6 +26,7 @@ from equarx_pass.calibrated.outlier_emit import CalibratedPlan, emit_calibrated_
 from equarx_pass.forms import Pieces, SitePlan
 from equarx_pass.hlo_builder import ChannelAllocator
 from equarx_pass.policy import Policy
+from equarx_pass.quantize_kernel import QuantizeKernels
 from equarx_pass.topology import Topology
 
 Emit = Callable[[list[ir.Value]], list[ir.Value]]
@@ -43,6 +44,7 @@ class RewriteContext:
   target: str  # the platform compiled for: "cpu", "gpu", "tpu"
   tiled_form: bool  # False: the flat form (the policy says why)
   calibrated: dict[int, CalibratedPlan]  # by site index
+  kernels: QuantizeKernels | None = None  # the kernel form's kernels (--equarx_form=kernel)
 
   def site_plan(self, cand: match.Candidate, layout, schedule) -> SitePlan:
     site = cand.site
@@ -62,6 +64,11 @@ class RewriteContext:
       # program; large sites run faster without the packing copies (forms.py).
       pack_scales=self.target == "cpu" and not unrolled,
       collectives_in_loops=self.target != "cpu",
+      # Only where the site quantizes its chunks once, together: two-shot's first
+      # quantize, an all-gather's only one.
+      quantize_kernels=self.kernels
+      if site.kind == "all_gather" or self.policy.scheme.algo.quantizes_chunks_once
+      else None,
     )
 
 

@@ -37,6 +37,10 @@ class Algorithm:
   # summed in group order), so the tiled form may take blocks in the operand's own tile
   # order (forms.TiledSite).
   chunk_order_free: bool = False
+  # Whether the tiled form quantizes the operand's chunks once, all together, before
+  # any exchange (TiledSite.quantize_chunks): that quantize can be the kernel form's
+  # Pallas kernel (quantize_kernel.py).
+  quantizes_chunks_once: bool = False
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """Bytes one rank sends for a site of `layout`: what the report prices and

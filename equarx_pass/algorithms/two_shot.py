@@ -86,6 +86,7 @@ class TwoShot(Algorithm):
   has_tiled_form = True
   emits_reduce_scatter = True
   chunk_order_free = True
+  quantizes_chunks_once = True
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """N-1 chunks in the all-to-all and N-1 in the all-gather: the ring's bytes."""
@@ -124,16 +125,26 @@ class TwoShot(Algorithm):
     return codec.dequantize_rows(gathered, c, site.rotation_size)
 
   def emit_tiled(self, site: TiledSite) -> tuple[ir.Value, ir.Value]:
-    """The reduce-scatter half, its sum quantized once, all_gather."""
-    codes, scales = site.codec.quantize(self.emit_reduce_scatter(site))
-    return site.exchange(site.coll.all_gather, codes, scales)
+    """The reduce-scatter half, its sum quantized once (in the kernel form, summed and
+    quantized in one kernel), all_gather."""
+    codes, scales = self._exchanged(site)
+    summed = site.sum_quantized(codes, scales) or site.codec.quantize(
+      self._sum(site, codes, scales)
+    )
+    return site.exchange(site.coll.all_gather, *summed)
 
   def emit_reduce_scatter(self, site: TiledSite) -> ir.Value:
-    """all_to_all of every chunk; the N terms summed in group order, written out (a loop
-    from LOOP_FROM_MEMBERS members on: the same ops, in the same order)."""
-    em, codec, coll = site.em, site.codec, site.coll
+    return self._sum(site, *self._exchanged(site))
+
+  def _exchanged(self, site: TiledSite) -> tuple[ir.Value, ir.Value]:
+    """Every chunk quantized and through the all_to_all: piece j from rank j."""
     codes, scales = site.quantize_chunks()
-    codes, scales = site.exchange(coll.all_to_all, codes, scales, site.n)  # j: from rank j
+    return site.exchange(site.coll.all_to_all, codes, scales, site.n)
+
+  def _sum(self, site: TiledSite, codes: ir.Value, scales: ir.Value) -> ir.Value:
+    """The N terms summed in group order, written out (a loop from LOOP_FROM_MEMBERS
+    members on: the same ops, in the same order)."""
+    em, codec = site.em, site.codec
     acc = plus_zero(em, codec.dequantize(row(em, codes, 0), row(em, scales, 0)))
     if site.n < LOOP_FROM_MEMBERS:
       for j in range(1, site.n):

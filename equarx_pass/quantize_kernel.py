@@ -1,0 +1,435 @@
+"""The tiled form's first quantize as one Pallas kernel: the kernel form (--equarx_form=kernel).
+
+What XLA makes of the emitted quantize (quantize_emit.TileCodec after the rotation's
+matmul) reads the operand twice and, on a GPU, stores the matmul's f32 result and reads
+it back (tools/bench_kernel.py: 2.7x one pass over the input on an H100, the kernel
+1.2-1.3x with the same codes).  One kernel over blocks of (8, 128) tiles keeps each
+block on chip: it reads the operand once and writes the codes and scales.
+
+The math is quantize.py's int8 codec on one-row blocks of 128 values, as TileCodec emits
+it: the rotation (H / 128) D as a matmul with an f32 result (16-bit operands as they
+are, f32 at the highest precision), absmax with NaN counted as inf, the scale times
+f32(1/127), the reciprocal of the safe scale capped at FLT_MAX, clamp, round half to
+even (with floor: Triton has no round; exact for |v| <= 127), NaN codes 0.
+
+JAX lowers the kernel for where the program is compiled: Mosaic (a tpu_custom_call) on
+TPU, Triton on CUDA GPUs, and Pallas's interpreter (plain StableHLO) where a program
+emitted in a TPU or GPU form runs on CPU devices (the tests).  The lowered functions
+move into the module as private functions, one per distinct shape, called at each site.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Literal
+
+from jax.extend.mlir import ir
+from jax.extend.mlir.dialects import func
+
+from equarx_pass.hlo_builder import Emitter, shape_of
+from equarx_pass.outline import fresh_symbol
+
+ROWS, LANES = 8, 128  # one (8, 128) tile: eight blocks of one row
+TILES_PER_STEP_TPU = 256  # a TPU grid step's tiles of int8 codes: 256 KiB
+QMAX = 127.0
+CODEC_FLOPS = 12  # per value: magnitude, max, scale, clamp, round half to even
+FLT_MAX = 3.4028234663852886e38
+
+Target = Literal["tpu", "cuda", "interpret"]
+# MLIR's element type names -> NumPy's (JAX's) dtype names.
+_DTYPES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+# The JAX platform each target lowers for.
+_LOWERING_PLATFORM = {"tpu": "tpu", "cuda": "cuda", "interpret": "cpu"}
+
+
+def target_for(compile_platform: str | None, form_platform: str) -> Target | str:
+  """Where the kernel runs, or why there is no kernel.
+
+  compile_platform: the JAX platform the program is compiled for (None: not known, as
+  for a file, where the form's platform says); form_platform: the platform whose forms
+  are emitted ("cpu", "tpu", "gpu")."""
+  if form_platform == "cpu":
+    return "the cpu form's rotation is the model's butterflies"
+  platform = compile_platform or form_platform
+  if platform == "cpu":
+    return "interpret"
+  if platform == "tpu" and form_platform == "tpu":
+    return "tpu"
+  if platform in ("gpu", "cuda") and form_platform == "gpu":
+    return "cuda"
+  return f"no kernel for {platform} with the {form_platform} form"
+
+
+def why_not(format_name: str, stochastic: bool, tile: tuple[int, ...], block_dims: int) -> str:
+  """Why the kernel cannot quantize chunks of `tile` ("": it can)."""
+  if format_name != "int8" or stochastic:
+    return f"the kernel has int8 with rounding to nearest only, not {format_name}" + (
+      " with stochastic rounding" if stochastic else ""
+    )
+  if block_dims != 1 or tuple(tile[-2:]) != (ROWS, LANES):
+    return f"blocks of one {LANES}-value row in ({ROWS}, {LANES}) tiles only, not tiles {tile}"
+  return ""
+
+
+def quantize_tiles(jnp, y, scales_by_diagonal: bool = False):
+  """f32 [..., 8, 128] -> int8 codes of y's shape and f32 scales [..., 8] (one per row).
+
+  A row's maximum lands in its own sublane; the scales leave as a row of lanes.  Moving
+  them there as a reshape is a sublane gather, which Mosaic has on TPU v5e and later but
+  not on v4 ("Sublane gather not supported by this TPU generation"), so on TPU
+  (scales_by_diagonal) each tile's scales are broadcast along lanes and the diagonal
+  taken with a max down the sublanes: the same bits, compiled for v4, v5e, v5p and v6e.
+  Triton has no slices, and takes the reshape."""
+  import jax
+
+  magnitude = jnp.where(y != y, jnp.float32(jnp.inf), jnp.abs(y))
+  scale = jnp.max(magnitude, axis=-1, keepdims=True) * jnp.float32(1 / QMAX)
+  safe = jnp.where(scale > 0, scale, jnp.float32(1))
+  inverse = jnp.minimum(jnp.float32(1) / safe, jnp.float32(FLT_MAX))
+  v = jnp.clip(y * inverse, jnp.float32(-QMAX), jnp.float32(QMAX))
+  r = jnp.floor(v + jnp.float32(0.5))
+  tie = (r - v) == jnp.float32(0.5)
+  odd = (r - jnp.float32(2) * jnp.floor(r * jnp.float32(0.5))) != 0
+  r = jnp.where(tie & odd, r - jnp.float32(1), r)
+  codes = jnp.where(r != r, jnp.float32(0), r).astype(jnp.int8)
+  if not scales_by_diagonal:
+    return codes, scale[..., 0]
+  shape, rows, lanes = y.shape, len(y.shape) - 2, len(y.shape) - 1
+  diagonal = jax.lax.broadcasted_iota(jnp.int32, shape, rows) == jax.lax.broadcasted_iota(
+    jnp.int32, shape, lanes
+  )
+  along_lanes = jnp.where(diagonal, jnp.broadcast_to(scale, shape), jnp.float32(-jnp.inf))
+  return codes, jnp.max(along_lanes, axis=-2)[..., : shape[-2]]
+
+
+def step_tiles(target: Target, tiles: int, members: int = 1) -> int:
+  """Tiles per grid step: about 256 KiB of int8 codes a step on TPU (fewer steps, each
+  with a fixed cost), 16 tiles (128 rows) a program on a GPU (tools/bench_kernel.py's
+  block); a power of two that divides `tiles`."""
+  most = 16 if target == "cuda" else max(ROWS, TILES_PER_STEP_TPU // members)
+  return math.gcd(tiles, most)
+
+
+def shape_why_not(target: Target, tiles: int, members: int = 1, columns: int = 0) -> str:
+  """Why a kernel over `tiles` tiles (in `columns` columns of the operand's tiles, 0: a
+  flat run of them) cannot be lowered for `target` ("": it can)."""
+  per_column = tiles // max(columns, 1)
+  step = step_tiles(target, per_column, members)
+  if target == "interpret" or step % ROWS == 0 or (not columns and step == tiles):
+    return ""
+  # A grid step's scales [step, 8] need whole sublane tiles (TPU) or a power of two of
+  # rows (Triton).
+  return f"{per_column} tiles of ({ROWS}, {LANES}) a column are not a multiple of {ROWS}"
+
+
+Spec = tuple  # (shape, NumPy dtype name, block shape, index map of the grid's ids)
+
+
+def _lower(target: Target, name: str, kernel, grid: tuple[int, ...], inputs, outputs, flops) -> str:
+  """pallas_call of `kernel` over `grid`, lowered for `target`: the StableHLO module's
+  text.  inputs and outputs: a Spec per operand and result."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental import pallas as pl
+
+  def shapes(specs):
+    return [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype, _, _ in specs]
+
+  args, results = shapes(inputs), shapes(outputs)
+  # What the kernel reads and writes, which is what XLA's cost model knows of it: the
+  # TPU compiler's estimate gives a Mosaic kernel without one a fixed cost whatever its
+  # operands (3.02 us for 8 and 16 MiB alike).
+  moved = sum(math.prod(a.shape) * a.dtype.itemsize for a in args + results)
+  params = None
+  if target == "cuda":
+    from jax.experimental.pallas import triton as pallas_triton
+
+    params = pallas_triton.CompilerParams()
+  call = pl.pallas_call(
+    kernel,
+    grid=grid,
+    in_specs=[pl.BlockSpec(block, index) for _, _, block, index in inputs],
+    out_specs=[pl.BlockSpec(block, index) for _, _, block, index in outputs],
+    out_shape=results,
+    interpret=target == "interpret",
+    compiler_params=params,
+    name=name,
+    cost_estimate=pl.CostEstimate(flops=flops, transcendentals=0, bytes_accessed=moved),
+  )
+  lowered = jax.jit(call).trace(*args).lower(lowering_platforms=(_LOWERING_PLATFORM[target],))
+  return lowered.as_text()
+
+
+def _tile_grid(target: Target, tiles: int, columns: int):
+  """The grid over `tiles` tiles in `columns` columns (0: one flat run), the tiles a step,
+  and the specs of a [tiles, 8, 128] array and of its scales [tiles, 8] (blocks in
+  column-major tile order: a column's tiles top to bottom, then the next column's)."""
+  cols = max(columns, 1)
+  per_column = tiles // cols
+  step = step_tiles(target, per_column)
+  steps = per_column // step
+
+  def tile_map(j, i):
+    return (j * steps + i, 0, 0)
+
+  def scale_map(j, i):
+    return (j * steps + i, 0)
+
+  codes = ((tiles, ROWS, LANES), "int8", (step, ROWS, LANES), tile_map)
+  scales = ((tiles, ROWS), "float32", (step, ROWS), scale_map)
+  return (cols, steps), step, codes, scales
+
+
+def _values_spec(tiles: int, columns: int, dtype: str, step: int, tiles_spec: Spec) -> Spec:
+  """The spec of the values the codes stand for: [tiles, 8, 128] (as `tiles_spec`), or
+  with `columns` the operand's own rows [tiles / columns * 8, columns * 128], a block a
+  run of `step` tiles down one column."""
+  if not columns:
+    shape, _, block, index = tiles_spec
+    return shape, dtype, block, index
+  rows = tiles // columns * ROWS
+  return (rows, columns * LANES), dtype, (step * ROWS, LANES), lambda j, i: (i, j)
+
+
+@functools.cache
+def quantize_module(target: Target, tiles: int, dtype: str, rotate: bool, columns: int = 0) -> str:
+  """The quantize kernel over x of `dtype`, [tiles, 8, 128] or with `columns` the
+  operand's own [tiles / columns * 8, columns * 128] (and, rotating, the matrix [128,
+  128] of `dtype`), lowered: codes [tiles, 8, 128] and scales [tiles, 8], with `columns`
+  in column-major tile order."""
+  import jax
+  import jax.numpy as jnp
+
+  element = _DTYPES[dtype]
+  grid, step, codes, scales = _tile_grid(target, tiles, columns)
+  precision = jax.lax.Precision.HIGHEST if element == "float32" else None
+
+  def kernel(*refs):
+    x_ref, *matrix, codes_ref, scales_ref = refs
+    rows = x_ref[...].reshape(step * ROWS, LANES)
+    if rotate:
+      y = jnp.dot(rows, matrix[0][...], preferred_element_type=jnp.float32, precision=precision)
+    else:
+      y = rows.astype(jnp.float32)
+    codes_ref[...], scales_ref[...] = quantize_tiles(
+      jnp, y.reshape(step, ROWS, LANES), target == "tpu"
+    )
+
+  inputs = [_values_spec(tiles, columns, element, step, codes)]
+  if rotate:
+    inputs.append(((LANES, LANES), element, (LANES, LANES), lambda j, i: (0, 0)))
+  flops = tiles * ROWS * LANES * ((2 * LANES if rotate else 0) + CODEC_FLOPS)
+  return _lower(target, "equarx_quantize", kernel, grid, inputs, [codes, scales], flops)
+
+
+@functools.cache
+def sum_module(target: Target, members: int, tiles: int) -> str:
+  """The sum kernel over codes [members, tiles, 8, 128] int8 and scales [members, tiles,
+  8] f32, lowered: the members' values summed in f32 in member order, as two-shot's
+  emitted sum (the first term + 0, then each new term first: forms.plus_zero, forms.add),
+  and quantized again: codes [tiles, 8, 128] and scales [tiles, 8]."""
+  import jax
+  import jax.numpy as jnp
+
+  step = step_tiles(target, tiles, members)
+
+  def kernel(codes_ref, scales_ref, codes_out, scales_out):
+    def term(j):
+      return codes_ref[j].astype(jnp.float32) * scales_ref[j][..., None]
+
+    first = term(0)
+    acc = jnp.where(first == 0, jnp.float32(0), first)
+    acc = jax.lax.fori_loop(1, members, lambda j, acc: term(j) + acc, acc)
+    codes_out[...], scales_out[...] = quantize_tiles(jnp, acc, target == "tpu")
+
+  inputs = [
+    ((members, tiles, ROWS, LANES), "int8", (members, step, ROWS, LANES), lambda i: (0, i, 0, 0)),
+    ((members, tiles, ROWS), "float32", (members, step, ROWS), lambda i: (0, i, 0)),
+  ]
+  outputs = [
+    ((tiles, ROWS, LANES), "int8", (step, ROWS, LANES), lambda i: (i, 0, 0)),
+    ((tiles, ROWS), "float32", (step, ROWS), lambda i: (i, 0)),
+  ]
+  flops = tiles * ROWS * LANES * (2 * members + CODEC_FLOPS)
+  return _lower(target, "equarx_sum", kernel, (tiles // step,), inputs, outputs, flops)
+
+
+@functools.cache
+def dequantize_module(
+  target: Target, tiles: int, dtype: str, rotate: bool, columns: int = 0
+) -> str:
+  """The dequantize kernel over codes [tiles, 8, 128] int8 and scales [tiles, 8] f32
+  (and, rotating, H [128, 128] and the signs D as [8, 128], both f32), lowered: values of
+  `dtype`, [tiles, 8, 128] or with `columns` the operand's own rows (quantize_module's
+  layouts), as TiledSite's finish has them: ((q H) D) s, or q s, then converted.  q H is
+  exact (small integers), so it runs on bf16 inputs."""
+  import jax.numpy as jnp
+
+  element = _DTYPES[dtype]
+  grid, step, codes, scales = _tile_grid(target, tiles, columns)
+
+  def kernel(*refs):
+    codes_ref, scales_ref, *rotation, out_ref = refs
+    q = codes_ref[...]
+    if rotate:
+      h, signs = rotation[0][...], rotation[1][...]
+      rows = q.reshape(step * ROWS, LANES).astype(jnp.bfloat16)
+      y = jnp.dot(rows, h.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+      y = y.reshape(step, ROWS, LANES) * signs
+    else:
+      y = q.astype(jnp.float32)
+    values = (y * scales_ref[...][..., None]).astype(out_ref.dtype)
+    out_ref[...] = values.reshape(out_ref.shape)
+
+  inputs = [codes, scales]
+  if rotate:
+    inputs += [
+      ((LANES, LANES), "float32", (LANES, LANES), lambda j, i: (0, 0)),
+      ((ROWS, LANES), "float32", (ROWS, LANES), lambda j, i: (0, 0)),
+    ]
+  outputs = [_values_spec(tiles, columns, element, step, codes)]
+  flops = tiles * ROWS * LANES * ((2 * LANES + 2) if rotate else 1)
+  return _lower(target, "equarx_dequantize", kernel, grid, inputs, outputs, flops)
+
+
+class QuantizeKernels:
+  """The kernels a module calls: each distinct one lowered once and moved into `module`
+  as private functions.  `notes` has one entry per kernel asked for, (its stage, "" where
+  the kernel ran, else why not): rewrite.py puts them in the site's report."""
+
+  def __init__(self, module: ir.Module, target: Target):
+    self.module, self.target = module, target
+    self._symbols: dict[tuple, str] = {}
+    self.notes: list[tuple[str, str]] = []
+
+  def why_not(self, tiles: int, element: str, columns: int = 0) -> str:
+    """Why the quantize and dequantize kernels cannot take `tiles` tiles of `element`
+    values (in `columns` columns of the operand's tiles) ("": they can)."""
+    if element not in _DTYPES or (self.target == "tpu" and element == "f16"):
+      return f"no {element} kernel for {self.target}"  # a TPU has no f16 arithmetic
+    return shape_why_not(self.target, tiles, columns=columns)
+
+  def quantize(
+    self, em: Emitter, x: ir.Value, matrix: ir.Value | None, columns: int = 0
+  ) -> tuple[ir.Value, ir.Value] | None:
+    """Codes [tiles, 8, 128] int8 and scales [tiles, 8] f32 of x (rotated by `matrix`
+    first where given): x [..., 8, 128], or with `columns` the operand's own rows [rows,
+    columns * 128], its tiles in column-major order.  None where the kernel cannot
+    (noted)."""
+    shape = shape_of(x)
+    tiles = math.prod(shape) // (ROWS * LANES)
+    element = str(ir.RankedTensorType(x.type).element_type)
+    why = self.why_not(tiles, element, columns)
+    self.notes.append(("quantize", why))
+    if why:
+      return None
+    rotate = matrix is not None
+    key = ("quantize", (tiles,), element, rotate, columns)
+    flat = x if columns else em.reshape(x, (tiles, ROWS, LANES))
+    codes, scales = self._call(
+      em,
+      key,
+      lambda: quantize_module(self.target, tiles, element, rotate, columns),
+      [flat] + ([matrix] if matrix is not None else []),
+      tiles,
+    )
+    return codes, scales
+
+  def sum_quantize(
+    self, em: Emitter, codes: ir.Value, scales: ir.Value
+  ) -> tuple[ir.Value, ir.Value] | None:
+    """The N pieces' codes [N, ..., 8, 128] and scales [N, ..., 8] summed and quantized
+    again: codes [..., 8, 128] and scales [..., 8]; None where the kernel cannot (noted)."""
+    shape = shape_of(codes)
+    members, tiles = shape[0], math.prod(shape[1:-2])
+    why = shape_why_not(self.target, tiles, members)
+    self.notes.append(("sum", why))
+    if why:
+      return None
+    key = ("sum", (members, tiles), "i8", False, 0)
+    operands = [
+      em.reshape(codes, (members, tiles, ROWS, LANES)),
+      em.reshape(scales, (members, tiles, ROWS)),
+    ]
+    summed, summed_scales = self._call(
+      em, key, lambda: sum_module(self.target, members, tiles), operands, tiles
+    )
+    return em.reshape(summed, shape[1:]), em.reshape(summed_scales, shape[1:-1])
+
+  def dequantize(
+    self,
+    em: Emitter,
+    codes: ir.Value,
+    scales: ir.Value,
+    element: ir.Type,
+    rotation: tuple[ir.Value, ir.Value] | None,
+    columns: int = 0,
+  ) -> ir.Value | None:
+    """Codes [..., 8, 128] and scales [..., 8] -> values of `element` rotated back by
+    rotation = (H, the signs as [8, 128]) where given: [tiles, 8, 128], or with `columns`
+    the operand's own rows [tiles / columns * 8, columns * 128] (quantize's layouts).
+    None where the kernel cannot (noted)."""
+    shape = shape_of(codes)
+    tiles = math.prod(shape[:-2])
+    name = str(element)
+    why = self.why_not(tiles, name, columns)
+    self.notes.append(("dequantize", why))
+    if why:
+      return None
+    rotate = rotation is not None
+    key = ("dequantize", (tiles,), name, rotate, columns)
+    operands = [
+      em.reshape(codes, (tiles, ROWS, LANES)),
+      em.reshape(scales, (tiles, ROWS)),
+      *(rotation or ()),
+    ]
+    out = (tiles // columns * ROWS, columns * LANES) if columns else (tiles, ROWS, LANES)
+    (values,) = self._call(
+      em,
+      key,
+      lambda: dequantize_module(self.target, tiles, name, rotate, columns),
+      operands,
+      [ir.RankedTensorType.get(out, element)],
+    )
+    return values
+
+  def _call(self, em: Emitter, key: tuple, lowered, operands: list[ir.Value], types):
+    """A call of the kernel `key` (its module from lowered(), moved in on first use):
+    its results, of `types` (default: codes [tiles, 8, 128] and scales [tiles, 8] for
+    an int: tiles)."""
+    if key not in self._symbols:
+      stage, dims, element, rotated, columns = key
+      shape = "x".join(str(d) for d in (*dims, ROWS, LANES))
+      name = f"equarx_{stage}_{self.target}_{shape}x{element}" + ("_rotated" if rotated else "")
+      name += f"_in_{columns}_columns" if columns else ""
+      self._symbols[key] = self._move_in(lowered(), name)
+    if isinstance(types, int):
+      types = [
+        ir.RankedTensorType.get((types, ROWS, LANES), em.i8),
+        ir.RankedTensorType.get((types, ROWS), em.f32),
+      ]
+    call = func.CallOp(types, ir.FlatSymbolRefAttr.get(self._symbols[key]), operands)
+    return call.results
+
+  def _move_in(self, text: str, base: str) -> str:
+    """Parse JAX's module, give its functions names free in self.module, make them
+    private and move them in; the name its main function now has."""
+    lowered = ir.Module.parse(text, context=self.module.context)
+    functions = [op for op in lowered.body.operations if op.operation.name == "func.func"]
+    renamed: dict[str, str] = {}
+    for op in functions:
+      old = ir.StringAttr(op.attributes["sym_name"]).value
+      name = base if old == "main" else f"{base}_{old}"
+      new = fresh_symbol(self.module, name, taken=set(renamed.values()))
+      ir.SymbolTable.replace_all_symbol_uses(old, new, lowered.operation)
+      renamed[old] = new
+    for op in functions:
+      old = ir.StringAttr(op.attributes["sym_name"]).value
+      op.attributes["sym_name"] = ir.StringAttr.get(renamed[old])
+      op.attributes["sym_visibility"] = ir.StringAttr.get("private")
+      for attribute in ("arg_attrs", "res_attrs"):  # jax.result_info and the like
+        if attribute in op.attributes:
+          del op.attributes[attribute]
+      self.module.body.append(op.operation)
+    return renamed["main"]

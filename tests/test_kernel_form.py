@@ -1,0 +1,188 @@
+"""The kernel form (--equarx_form=kernel, quantize_kernel.py): two-shot's quantize, sum and
+dequantize as Pallas kernels.
+
+Run on the 8 CPU devices with --equarx_platform=tpu, so the kernels run in Pallas's
+interpreter: the same kernel bodies that JAX lowers to Mosaic or Triton, as plain ops.
+Their bits equal the tiled form's (which is itself checked against the model in
+test_tiled_form.py), and without a rotation the NumPy model's.  The codec alone
+(quantize_tiles) is checked against quantize.py's model on its hard values.  Lowered for
+TPU and GPU the site calls the kernels' custom calls; with libtpu they compile for TPU.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import equarx_pass
+from equarx_pass import quantize as qz
+from equarx_pass import quantize_kernel
+from equarx_pass import scheme as scheme_lib
+from equarx_pass.errors import FlagError
+from meshes import psum_program
+
+TPU_FORM = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_platform=tpu "
+SCHEMES = ["", "--equarx_rotation=none --equarx_block_size=128"]
+ALL_KERNELS = "kernel form (Pallas quantize + sum + dequantize, Pallas interpreter)"
+
+
+@pytest.fixture(scope="module")
+def values():
+  """Per rank [64, 256]: whole (8, 128) tiles, with a loud block, an inf, a NaN, a zero
+  block and exact halves (ties for the rounding)."""
+  rng = np.random.default_rng(7)
+  x = rng.standard_normal((8, 64, 256)).astype(np.float32)
+  x[3, 2, :128] *= 300.0
+  x[2, 9, 3] = np.inf
+  x[1, 5, 7] = np.nan
+  x[:, 40, :128] = 0.0
+  x[4, 11, :128] = np.arange(128) - 63.5
+  return x
+
+
+def _psum(flags: str, x: np.ndarray, dtype) -> tuple[np.ndarray, str]:
+  mesh = Mesh(np.array(jax.devices()), ("tp",))
+  fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=TPU_FORM + flags)
+  out = np.asarray(fn(jnp.asarray(x, dtype)).astype(jnp.float32))
+  (record,) = fn.report.records
+  assert record.rewritten, record.reason
+  return out, record.reason
+
+
+def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
+  np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+  np.testing.assert_array_equal(np.where(np.isnan(a), 0, a), np.where(np.isnan(b), 0, b))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_kernel_form_equals_tiled_form_bit_for_bit(scheme, dtype, values):
+  tiled, tiled_reason = _psum(scheme + " --equarx_form=tiled", values, dtype)
+  kernel, reason = _psum(scheme + " --equarx_form=kernel", values, dtype)
+  assert tiled_reason.endswith("; tiled form")
+  assert reason.endswith(ALL_KERNELS), reason
+  _same_bits(kernel, tiled)
+  assert np.isnan(kernel).any() and np.isfinite(kernel).mean() > 0.9
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_kernel_form_without_rotation_equals_model(dtype, values):
+  scheme = SCHEMES[1]
+  kernel, _ = _psum(scheme + " --equarx_form=kernel", values, dtype)
+  inputs = np.asarray(jnp.asarray(values, dtype).astype(jnp.float32))
+  policy = equarx_pass.Policy.from_flags(TPU_FORM + scheme)
+  model = scheme_lib.reference([inputs[r].reshape(1, -1) for r in range(8)], policy.scheme)
+  for r in range(8):
+    got = kernel[r].reshape(1, -1)
+    want = np.asarray(jnp.asarray(model[r], dtype).astype(jnp.float32))
+    _same_bits(got, want)
+
+
+@pytest.mark.parametrize("scales_by_diagonal", [False, True])
+def test_quantize_tiles_is_the_int8_model(scales_by_diagonal):
+  rng = np.random.default_rng(3)
+  y = rng.standard_normal((6, 8, 128)).astype(np.float32) * 10
+  y[0, 0] = np.arange(128) - 63.5  # scale 0.5: every value a tie
+  y[0, 1] = 0.0
+  y[0, 2, 5] = np.inf
+  y[0, 3, 9] = np.nan
+  y[0, 4] = 1e-30  # a tiny scale: the reciprocal capped at FLT_MAX
+  y[0, 5, :64] = -3e38
+  codes, scales = jax.jit(lambda v: quantize_kernel.quantize_tiles(jnp, v, scales_by_diagonal))(y)
+  want_codes, want_scales = qz.quantize(y.reshape(-1), 128)
+  np.testing.assert_array_equal(np.asarray(codes).reshape(-1), want_codes)
+  np.testing.assert_array_equal(np.asarray(scales).reshape(-1), want_scales)
+
+
+@pytest.mark.parametrize(
+  "flags,why",
+  [
+    ("--equarx_algorithm=ring --equarx_rotation=none", "the algorithm quantizes in its steps"),
+    ("--equarx_format=int4 --equarx_block_size=128", "int8 with rounding to nearest only"),
+    ("--equarx_rotation=none", "blocks of one 128-value row"),
+    ("--equarx_rounding=stochastic", "not int8 with stochastic rounding"),
+  ],
+)
+def test_sites_the_kernels_cannot_take_say_why(flags, why, values):
+  _, reason = _psum(flags + " --equarx_form=kernel", values, jnp.float32)
+  assert "; tiled form (no kernel: " in reason and why in reason, reason
+
+
+def test_the_cpu_form_has_no_kernel(values):
+  mesh = Mesh(np.array(jax.devices()), ("tp",))
+  flags = TPU_FORM.replace("tpu", "cpu") + "--equarx_form=kernel"
+  fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=flags)
+  fn(values)
+  (record,) = fn.report.records
+  assert record.reason.endswith(
+    "; tiled form (no kernel: the cpu form's rotation is the model's butterflies)"
+  ), record.reason
+
+
+def test_kernel_form_needs_a_tiled_scheme():
+  with pytest.raises(FlagError, match="--equarx_form=kernel: "):
+    equarx_pass.Policy.from_flags("--equarx_enable --equarx_form=kernel --equarx_block_layout=grid")
+
+
+def _lowered_psum(platform: str, dtype=jnp.bfloat16) -> str:
+  mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+  program = jax.jit(psum_program(mesh, "tp"))
+  x = jax.ShapeDtypeStruct((4 * 64, 1024), dtype)
+  return program.trace(x).lower(lowering_platforms=(platform,)).as_text()
+
+
+@pytest.mark.parametrize(
+  "platform,form,call",
+  [("tpu", "tpu", "@tpu_custom_call"), ("cuda", "gpu", "@__gpu$xla.gpu.triton")],
+)
+def test_lowered_for_a_device_the_site_calls_its_kernels(platform, form, call):
+  policy = equarx_pass.Policy.from_flags(
+    f"--equarx_enable --equarx_force --equarx_platform={form} --equarx_form=kernel"
+  )
+  result = equarx_pass.transform_text(_lowered_psum(platform), policy)
+  text = result.text
+  where = {"tpu": "Mosaic", "gpu": "Triton"}[form]
+  assert result.records[0].reason.endswith(
+    f"kernel form (Pallas quantize + sum + dequantize, {where})"
+  ), result.records[0].reason
+  assert text.count(f"stablehlo.custom_call {call}") == 3
+  for stage in ("quantize", "sum", "dequantize"):
+    assert f"func.call @equarx_{stage}_" in text
+  # The rest of the site is the tiled form's exchanges.
+  assert text.count('"stablehlo.all_to_all"') == 2 and text.count('"stablehlo.all_gather"') == 2
+
+
+def test_two_sites_share_one_function_per_kernel():
+  mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+
+  def two(x, y):
+    return jax.lax.psum(x, "tp"), jax.lax.psum(y, "tp")
+
+  program = jax.jit(jax.shard_map(two, mesh=mesh, in_specs=(P("tp"), P("tp")), out_specs=P("tp")))
+  x = jax.ShapeDtypeStruct((4 * 64, 1024), jnp.bfloat16)
+  text = program.trace(x, x).lower(lowering_platforms=("tpu",)).as_text()
+  policy = equarx_pass.Policy.from_flags(
+    "--equarx_enable --equarx_force --equarx_platform=tpu --equarx_form=kernel"
+  )
+  out = equarx_pass.transform_text(text, policy).text
+  assert out.count("stablehlo.custom_call @tpu_custom_call") == 3
+  assert out.count("func.call @equarx_quantize_") == 2
+
+
+@pytest.mark.libtpu  # skipped without libtpu (pip install 'equarx-pass[tpu]')
+@pytest.mark.parametrize("target", ["tpu:v5e:2x2", "tpu:v4:2x2x1"])
+def test_the_kernels_compile_for_tpu(target):
+  devices = 8 if target.startswith("tpu:v4") else 4
+  mesh = Mesh(np.array(jax.devices()[:devices]), ("tp",))
+  x = jax.ShapeDtypeStruct((devices * 64, 1024), jnp.bfloat16)
+  text = jax.jit(psum_program(mesh, "tp")).trace(x).lower(lowering_platforms=("tpu",)).as_text()
+  policy = equarx_pass.Policy.from_flags(
+    f"--equarx_enable --equarx_force --equarx_form=kernel --equarx_compile_for={target}"
+  )
+  result = equarx_pass.transform_text(text, policy)
+  assert "Mosaic" in result.records[0].reason
+  # Mosaic compiles each kernel for the chip: a kernel it cannot build fails the compile.
+  assert result.tpu.hlo_text.count('custom_call_target="tpu_custom_call"') == 3
+  assert result.tpu.quantized_collectives >= 2
