@@ -32,6 +32,17 @@ and f32 operands (25.7 ps at 32 MiB of either).
                 all-reduce for 4 Mi bf16 values per device, 58.9 ms for f32; at 16 Ki
                 values (`--values 16K`, results/ring_cpu_small.json) 0.3-0.4 ms, about
                 0.2 ms more than its values account for
+
+The kernel form (--equarx_form=kernel, quantize_kernel.py) has its own figure where it
+was measured:
+  tpu  7e-7 s, 1.14e-11 s  the TPU compiler's estimates, v5e:2x2, with each kernel priced
+                by the bytes it reads and writes (its declared cost: the estimates cannot
+                see inside a Mosaic kernel) (`python tools/bench_tpu.py --topology v5e:2x2
+                --sizes 256K 1M 4M 16M 128M --dtypes bf16 f32
+                --scheme="--equarx_enable --equarx_form=kernel"`,
+                results/tpu_sizes_kernel.json): 11.3-11.5 ps a value from 4 MiB of f32
+                and 16 MiB of bf16 up, 0.5-0.7 us a site beyond that.
+Elsewhere (GPU: not yet timed) the kernel form is priced as the tiled form.
 """
 
 from __future__ import annotations
@@ -43,6 +54,7 @@ from equarx_pass.topology import Topology
 
 # platform: (seconds per site, seconds per value)
 COMPUTE_S = {"tpu": (7e-6, 2.6e-11), "gpu": (4.2e-5, 1.2e-11), "cpu": (2e-4, 1.3e-8)}
+KERNEL_COMPUTE_S = {"tpu": (7e-7, 1.14e-11)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,10 +183,14 @@ def predict(
   quantized_values: int,
   topology: Topology,
   sharing: int = 1,
+  kernels: bool = False,
 ) -> Prediction:
   """Native against rewritten time; `quantized_values` enter the quantized all-reduce
-  (none: no on-chip work added); `sharing` devices of a domain send alike."""
+  (none: no on-chip work added); `sharing` devices of a domain send alike; `kernels`:
+  the kernel form's on-chip cost where it has one."""
   per_site, per_value = COMPUTE_S.get(topology.platform, COMPUTE_S["tpu"])
+  if kernels:
+    per_site, per_value = KERNEL_COMPUTE_S.get(topology.platform, (per_site, per_value))
   compute_s = per_site + quantized_values * per_value if quantized_values else 0.0
   return Prediction(
     native,

@@ -145,7 +145,12 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   group = decision.site.groups[0] if decision.site.groups else ()
   sharing = max((len(p) for p in topology.split(group)), default=1)
   prediction = cost.predict(
-    route.native, route.rewritten, route.quantized_values, topology, sharing
+    route.native,
+    route.rewritten,
+    route.quantized_values,
+    topology,
+    sharing,
+    kernels=_kernel_priced(policy),
   )
   grows = _sends_more(route)
   loses = grows or _predicted_loss(prediction, route, topology)
@@ -157,6 +162,19 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   if policy.identity:
     route = Route("identity", route.native, route.native, 0, route.note)
   return dataclasses.replace(decision, route=route, prediction=prediction, forced_over=loses or "")
+
+
+def _kernel_priced(policy: Policy) -> bool:
+  """Whether sites get the kernel form's on-chip cost: --equarx_form=kernel with a scheme
+  whose first quantize the kernels take (quantize_kernel.why_not; a site's shape can
+  still keep it tiled, which the report then says)."""
+  scheme = policy.scheme
+  return (
+    policy.form == "kernel"
+    and scheme.algo.quantizes_chunks_once
+    and scheme.fmt.name == "int8"
+    and scheme.rounding != "stochastic"
+  )
 
 
 def calibrated(
