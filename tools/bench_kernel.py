@@ -16,7 +16,9 @@ it compiles the pass's emitted ops) and once as one Pallas kernel over blocks of
 Printed per stage: the median of --calls calls of each, beside one pass over the stage's
 input (x + 1), and how many codes and scales the kernel gets differently from XLA.
 
-This is a measurement for the kernel form, not part of the pass: nothing here is emitted.
+Both sides share the kernel form's codec (equarx_pass/quantize_kernel.py, which emits
+these stages as kernels into the site: --equarx_form=kernel); what this isolates is what
+one kernel gains over XLA's compilation of the same math, stage by stage.
 """
 
 from __future__ import annotations
@@ -29,28 +31,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 
 ROW = 128  # the rotation's and the block's size
-QMAX = 127.0
-FLT_MAX = 3.4028234663852886e38
-
-
-def round_half_even(jnp, v):
-  """v rounded to the nearest integer, ties to even, with floor alone (Pallas's Triton
-  lowering has no round); exact for |v| < 2^22, and codes are within +-127."""
-  r = jnp.floor(v + 0.5)
-  tie = (r - v) == 0.5
-  odd = (r - 2 * jnp.floor(r * 0.5)) != 0
-  return jnp.where(tie & odd, r - 1, r)
 
 
 def quantize_rows(jnp, y):
-  """Codes and scales of f32 rows [rows, 128] (quantize.py's int8 block codec: rounding
-  to the nearest integer, ties to even)."""
-  scale = jnp.max(jnp.abs(y), axis=-1) * jnp.float32(1 / QMAX)
-  safe = jnp.where(scale > 0, scale, jnp.float32(1))
-  inverse = jnp.minimum(jnp.float32(1) / safe, jnp.float32(FLT_MAX))
-  v = jnp.clip(y * inverse[:, None], -QMAX, QMAX)
-  codes = round_half_even(jnp, v).astype(jnp.int8)
-  return codes, scale
+  """Codes and scales of f32 rows [rows, 128]: the kernel form's codec
+  (quantize_kernel.quantize_tiles, quantize.py's int8 block codec), on rows in tiles of 8."""
+  from equarx_pass.quantize_kernel import quantize_tiles
+
+  rows = y.shape[0]
+  codes, scale = quantize_tiles(jnp, y.reshape(rows // 8, 8, ROW))
+  return codes.reshape(rows, ROW), scale.reshape(rows)
 
 
 def main(argv=None) -> int:

@@ -206,9 +206,10 @@ def main() -> int:
   ap.add_argument(
     "--form",
     default="auto",
-    choices=["auto", "flat"],
+    choices=["auto", "flat", "kernel"],
     help="the emitted form: auto (what a TPU gets: tiled where the scheme has a tiled "
-    "form) or flat (for comparison)",
+    "form, or the scheme's own --equarx_form), flat (for comparison) or kernel (the tiled "
+    "form with its first quantize a Pallas kernel)",
   )
   ap.add_argument(
     "--columns",
@@ -276,8 +277,10 @@ def main() -> int:
             mod = collectives_alone(jax, n, values, scheme.split()[0])
           elif scheme:
             policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0 --equarx_force")
+            if args.form != "auto":
+              policy = policy.replace(form=args.form)
             result = equarx_pass.rewrite_module(
-              module, policy.replace(platform="tpu", form=args.form)
+              module, policy.replace(platform="tpu", form=policy.form)
             )
             mod = result.module
             row["form"] = result.records[0].reason
