@@ -40,8 +40,9 @@ was measured:
                 see inside a Mosaic kernel) (`python tools/bench_tpu.py --topology v5e:2x2
                 --sizes 256K 1M 4M 16M 128M --dtypes bf16 f32
                 --scheme="--equarx_enable --equarx_form=kernel"`,
-                results/tpu_sizes_kernel.json): 11.3-11.5 ps a value from 4 MiB of f32
-                and 16 MiB of bf16 up, 0.5-0.7 us a site beyond that.
+                results/tpu_sizes_kernel.json): 11.3-11.5 ps a value from 16 MiB up
+                (11.6-11.9 at 4 MiB), and 0.5-0.7 us a site beyond its values at 1 MiB
+                and below.
 Elsewhere (GPU: not yet timed) the kernel form is priced as the tiled form.
 """
 
