@@ -242,6 +242,15 @@ class TiledSite:
       whole = lead * rows * cols * SUBLANES * LANES == plan.layout.padded
       if whole and not self._kernels.why_not(lead * rows * cols, str(entry), cols):
         self._columns = cols
+    # Large operands go through the kernels in parts, one after the other (finish_parts).
+    self.parts, self._part = 1, 0
+    self._written: ir.Value | None = None  # the values the parts so far wrote
+    single = len({t.element_type for t in self.types}) == 1 and self.types[0].element_type == entry
+    if self._kernels is not None and pieces is None and single:
+      if self._columns or self.tiles is None:
+        tiles = plan.layout.padded // (SUBLANES * LANES)
+        itemsize = ir.FloatType(entry).width // 8
+        self.parts = self._kernels.parts_for(tiles, self.n, itemsize, self._columns)
     if self._columns:
       lead, rows, cols = self.tiles  # type: ignore[misc]
       x = em.reshape(em.convert(operands[0], entry), (lead * rows * SUBLANES, cols * LANES))
@@ -322,14 +331,17 @@ class TiledSite:
     em = self.em
     if self._kernels is not None:
       matrix = self._matrix(self._unrotated) if self.size else None
-      done = self._kernels.quantize(em, self._unrotated, matrix, self._columns)
+      done = self._kernels.quantize(
+        em, self._unrotated, matrix, self._columns, self._part, self.parts, self._written
+      )
       if done is not None:
-        lead = (self.n,) if self._columns else shape_of(self._unrotated)[:1]
-        codes = em.reshape(done[0], (*lead, *self.tile))
-        scales = em.reshape(done[1], (*lead, *self.tile[:-1]))
+        lead = (self.n,) if self._columns or self.parts > 1 else shape_of(self._unrotated)[:1]
+        tile = (self.tile[0] // self.parts, *self.tile[1:])
+        codes = em.reshape(done[0], (*lead, *tile))
+        scales = em.reshape(done[1], (*lead, *tile[:-1]))
         return codes, self.fmt.emit_wire_scales(em, scales)
       # Not expected (the kernels said they could), but the tiled form from here on.
-      assert not self._columns, "the kernel form declined an operand it took"
+      assert not self._columns and self.parts == 1, "the kernel form declined an operand"
       self._kernels = None
       self.chunks = self._rotate(self._unrotated) if self.size else self._unrotated
     x = em.convert(self.chunks, em.f32)
@@ -464,9 +476,33 @@ class TiledSite:
       return [self._from_tile_order(values)]
     return self.em.unflatten_like(values, self.types)
 
-  def _kernel_values(self, codes: ir.Value, scales: ir.Value) -> ir.Value | None:
+  def finish_parts(self, emit_part: Callable[[], tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
+    """The kernel form over self.parts parts of the operand, one after the other: for
+    each, emit_part() (the algorithm's emit_tiled) gives the part's reduced codes and
+    scales, and the dequantize kernel writes the part's values into the values so far
+    (quantize_kernel.dequantize_module), which the next part's quantize waits for.  The
+    chain orders the parts, so at any time only one part's codes are alive."""
+    em = self.em
+    assert self._kernels is not None
+    self._kernels.notes.append(("parts", str(self.parts)))
+    for part in range(self.parts):
+      self._part = part
+      codes, scales = emit_part()
+      self._written = self._kernel_values(codes, scales, into=self._written)
+    values = self._written
+    assert values is not None, "the kernel form declined a part"
+    if self._columns:
+      return [em.reshape(values, self.types[0].shape)]
+    if self.tiles is not None:
+      return [self._from_tile_order(values)]
+    return em.unflatten_like(values, self.types)
+
+  def _kernel_values(
+    self, codes: ir.Value, scales: ir.Value, into: ir.Value | None = None
+  ) -> ir.Value | None:
     """The kernel form's finish: _dequantize in one kernel, its values already in the
-    results' element type (f32 where they differ); None where the site has no kernel."""
+    results' element type (f32 where they differ); with parts, the current part's values
+    written into `into`.  None where the site has no kernel."""
     if self._kernels is None:
       return None
     em = self.em
@@ -480,7 +516,9 @@ class TiledSite:
         em.const(np.ascontiguousarray(signs, np.float32), em.f32),
       )
     scales = self.codec.scales(scales)
-    return self._kernels.dequantize(em, codes, scales, element, inverse, self._columns)
+    return self._kernels.dequantize(
+      em, codes, scales, element, inverse, self._columns, into, self._part, self.parts
+    )
 
   def _dequantize(self, codes: ir.Value, scales: ir.Value) -> ir.Value:
     """Codes and scales -> f32 values, rotated back where the scheme rotates."""

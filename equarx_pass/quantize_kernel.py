@@ -33,6 +33,10 @@ from equarx_pass.outline import fresh_symbol
 ROWS, LANES = 8, 128  # one (8, 128) tile: eight blocks of one row
 TILES_PER_STEP_TPU = 256  # a TPU grid step's tiles of int8 codes: 256 KiB
 QMAX = 127.0
+# Values a part of the kernel form holds where it splits an operand (parts_for): the
+# temporary arrays of two-shot (the codes, the pieces received, the gathered sums) are
+# then those of a part, not of the whole operand.
+PART_BYTES = 64 << 20
 CODEC_FLOPS = 12  # per value: magnitude, max, scale, clamp, round half to even
 FLT_MAX = 3.4028234663852886e38
 
@@ -126,9 +130,34 @@ def shape_why_not(target: Target, tiles: int, members: int = 1, columns: int = 0
 Spec = tuple  # (shape, NumPy dtype name, block shape, index map of the grid's ids)
 
 
-def _lower(target: Target, name: str, kernel, grid: tuple[int, ...], inputs, outputs, flops) -> str:
+def _streamed(spec: Spec, steps: int) -> int:
+  """Bytes a kernel moves through one operand or result: its blocks, once each (a block
+  the same at every step, once; an array left where it is, not at all)."""
+  import numpy as np
+
+  shape, dtype, block, index = spec
+  if index is None:
+    return 0
+  itemsize = np.dtype(dtype).itemsize
+  if tuple(block) == tuple(shape):
+    return math.prod(shape) * itemsize
+  return math.prod(block) * itemsize * steps
+
+
+def _lower(
+  target: Target,
+  name: str,
+  kernel,
+  grid: tuple[int, ...],
+  inputs,
+  outputs,
+  flops,
+  aliases: dict[int, int] | None = None,
+) -> str:
   """pallas_call of `kernel` over `grid`, lowered for `target`: the StableHLO module's
-  text.  inputs and outputs: a Spec per operand and result."""
+  text.  inputs and outputs: a Spec per operand and result (a block shape that is a
+  memory space: the whole array, left where it is); aliases: operand -> result written
+  in place."""
   import jax
   import jax.numpy as jnp
   from jax.experimental import pallas as pl
@@ -140,7 +169,7 @@ def _lower(target: Target, name: str, kernel, grid: tuple[int, ...], inputs, out
   # What the kernel reads and writes, which is what XLA's cost model knows of it: the
   # TPU compiler's estimate gives a Mosaic kernel without one a fixed cost whatever its
   # operands (3.02 us for 8 and 16 MiB alike).
-  moved = sum(math.prod(a.shape) * a.dtype.itemsize for a in args + results)
+  moved = sum(_streamed(spec, math.prod(grid)) for spec in [*inputs, *outputs])
   params = None
   if target == "cuda":
     from jax.experimental.pallas import triton as pallas_triton
@@ -149,7 +178,11 @@ def _lower(target: Target, name: str, kernel, grid: tuple[int, ...], inputs, out
   call = pl.pallas_call(
     kernel,
     grid=grid,
-    in_specs=[pl.BlockSpec(block, index) for _, _, block, index in inputs],
+    in_specs=[
+      pl.BlockSpec(memory_space=block) if index is None else pl.BlockSpec(block, index)
+      for _, _, block, index in inputs
+    ],
+    input_output_aliases=aliases or {},
     out_specs=[pl.BlockSpec(block, index) for _, _, block, index in outputs],
     out_shape=results,
     interpret=target == "interpret",
@@ -161,52 +194,69 @@ def _lower(target: Target, name: str, kernel, grid: tuple[int, ...], inputs, out
   return lowered.as_text()
 
 
-def _tile_grid(target: Target, tiles: int, columns: int):
-  """The grid over `tiles` tiles in `columns` columns (0: one flat run), the tiles a step,
-  and the specs of a [tiles, 8, 128] array and of its scales [tiles, 8] (blocks in
-  column-major tile order: a column's tiles top to bottom, then the next column's)."""
-  cols = max(columns, 1)
-  per_column = tiles // cols
-  step = step_tiles(target, per_column)
-  steps = per_column // step
+class _Part:
+  """Part `part` of `parts` of the values' tiles, in column-major tile order (with
+  `columns`: a column's tiles top to bottom, then the next column's; else their order):
+  the grid over it, `step` tiles a step, and the specs of its codes [part tiles, 8, 128],
+  its scales [part tiles, 8] and the whole values array (a block: `step` tiles down one
+  column, or `step` tiles)."""
 
-  def tile_map(j, i):
-    return (j * steps + i, 0, 0)
+  def __init__(self, target: Target, tiles: int, columns: int, part: int, parts: int):
+    per_column = tiles // max(columns, 1)
+    self.step = step = step_tiles(target, per_column)
+    self.tiles = tiles // parts
+    steps = self.tiles // step
+    self.grid = (steps,)
+    first = part * steps
 
-  def scale_map(j, i):
-    return (j * steps + i, 0)
+    def values_index(s):
+      if not columns:
+        return (first + s, 0, 0)
+      # lax's integer division and remainder: jnp's round towards -inf through a sign,
+      # which Mosaic lowers only knowing the chip.
+      from jax import lax
 
-  codes = ((tiles, ROWS, LANES), "int8", (step, ROWS, LANES), tile_map)
-  scales = ((tiles, ROWS), "float32", (step, ROWS), scale_map)
-  return (cols, steps), step, codes, scales
+      t = (first + s) * step
+      return (lax.div(lax.rem(t, per_column), step), lax.div(t, per_column))
 
+    self.codes: Spec = ((self.tiles, ROWS, LANES), "int8", (step, ROWS, LANES), lambda s: (s, 0, 0))
+    self.scales: Spec = ((self.tiles, ROWS), "float32", (step, ROWS), lambda s: (s, 0))
+    self.values_shape = (per_column * ROWS, columns * LANES) if columns else (tiles, ROWS, LANES)
+    self.values_block = (step * ROWS, LANES) if columns else (step, ROWS, LANES)
+    self.values_index = values_index
 
-def _values_spec(tiles: int, columns: int, dtype: str, step: int, tiles_spec: Spec) -> Spec:
-  """The spec of the values the codes stand for: [tiles, 8, 128] (as `tiles_spec`), or
-  with `columns` the operand's own rows [tiles / columns * 8, columns * 128], a block a
-  run of `step` tiles down one column."""
-  if not columns:
-    shape, _, block, index = tiles_spec
-    return shape, dtype, block, index
-  rows = tiles // columns * ROWS
-  return (rows, columns * LANES), dtype, (step * ROWS, LANES), lambda j, i: (i, j)
+  def values(self, dtype: str) -> Spec:
+    return self.values_shape, dtype, self.values_block, self.values_index
 
 
 @functools.cache
-def quantize_module(target: Target, tiles: int, dtype: str, rotate: bool, columns: int = 0) -> str:
-  """The quantize kernel over x of `dtype`, [tiles, 8, 128] or with `columns` the
-  operand's own [tiles / columns * 8, columns * 128] (and, rotating, the matrix [128,
-  128] of `dtype`), lowered: codes [tiles, 8, 128] and scales [tiles, 8], with `columns`
-  in column-major tile order."""
+def quantize_module(
+  target: Target,
+  tiles: int,
+  dtype: str,
+  rotate: bool,
+  columns: int = 0,
+  part: int = 0,
+  parts: int = 1,
+) -> str:
+  """The quantize kernel over part `part` of `parts` (_Part) of x of `dtype`, [tiles, 8,
+  128] or with `columns` the operand's own rows [tiles / columns * 8, columns * 128] (and,
+  rotating, the matrix [128, 128] of `dtype`), lowered: the part's codes [tiles / parts,
+  8, 128] and scales [tiles / parts, 8].  After the first part the values written so far
+  are an operand too, never read: it orders the parts (dequantize_module)."""
   import jax
   import jax.numpy as jnp
 
+  from jax.experimental import pallas as pl
+
   element = _DTYPES[dtype]
-  grid, step, codes, scales = _tile_grid(target, tiles, columns)
+  where = _Part(target, tiles, columns, part, parts)
+  step = where.step
   precision = jax.lax.Precision.HIGHEST if element == "float32" else None
 
   def kernel(*refs):
-    x_ref, *matrix, codes_ref, scales_ref = refs
+    x_ref, *rest, codes_ref, scales_ref = refs
+    matrix = rest[:1] if rotate else []
     rows = x_ref[...].reshape(step * ROWS, LANES)
     if rotate:
       y = jnp.dot(rows, matrix[0][...], preferred_element_type=jnp.float32, precision=precision)
@@ -216,11 +266,14 @@ def quantize_module(target: Target, tiles: int, dtype: str, rotate: bool, column
       jnp, y.reshape(step, ROWS, LANES), target == "tpu"
     )
 
-  inputs = [_values_spec(tiles, columns, element, step, codes)]
+  inputs = [where.values(element)]
   if rotate:
-    inputs.append(((LANES, LANES), element, (LANES, LANES), lambda j, i: (0, 0)))
-  flops = tiles * ROWS * LANES * ((2 * LANES if rotate else 0) + CODEC_FLOPS)
-  return _lower(target, "equarx_quantize", kernel, grid, inputs, [codes, scales], flops)
+    inputs.append(((LANES, LANES), element, (LANES, LANES), lambda s: (0, 0)))
+  if part > 0:
+    inputs.append((where.values_shape, element, pl.ANY, None))
+  flops = where.tiles * ROWS * LANES * ((2 * LANES if rotate else 0) + CODEC_FLOPS)
+  outputs = [where.codes, where.scales]
+  return _lower(target, "equarx_quantize", kernel, where.grid, inputs, outputs, flops)
 
 
 @functools.cache
@@ -257,23 +310,36 @@ def sum_module(target: Target, members: int, tiles: int) -> str:
 
 @functools.cache
 def dequantize_module(
-  target: Target, tiles: int, dtype: str, rotate: bool, columns: int = 0
+  target: Target,
+  tiles: int,
+  dtype: str,
+  rotate: bool,
+  columns: int = 0,
+  part: int = 0,
+  parts: int = 1,
 ) -> str:
-  """The dequantize kernel over codes [tiles, 8, 128] int8 and scales [tiles, 8] f32
-  (and, rotating, H [128, 128] and the signs D as [8, 128], both f32), lowered: values of
-  `dtype`, [tiles, 8, 128] or with `columns` the operand's own rows (quantize_module's
-  layouts), as TiledSite's finish has them: ((q H) D) s, or q s, then converted.  q H is
-  exact (small integers), so it runs on bf16 inputs."""
+  """The dequantize kernel over part `part` of `parts`: its codes [tiles / parts, 8, 128]
+  int8 and scales [tiles / parts, 8] f32 (and, rotating, H [128, 128] and the signs D as
+  [8, 128], both f32), lowered: values of `dtype` in quantize_module's layout, ((q H) D) s
+  or q s converted, as TiledSite's finish has them.  q H is exact (small integers), so it
+  runs on bf16 inputs.  With several parts, the first part's kernel writes its blocks of
+  a new values array (the others' are written later), and each later part's takes the
+  values so far as its last operand and writes its part into it in place (the result
+  aliases it).  So the operand is never copied, and every part's quantize waits for the
+  part before it to finish: only one part's codes are alive at a time."""
   import jax.numpy as jnp
+  from jax.experimental import pallas as pl
 
   element = _DTYPES[dtype]
-  grid, step, codes, scales = _tile_grid(target, tiles, columns)
+  where = _Part(target, tiles, columns, part, parts)
+  step = where.step
 
   def kernel(*refs):
-    codes_ref, scales_ref, *rotation, out_ref = refs
+    codes_ref, scales_ref, *rest = refs
+    out_ref = rest[-1]
     q = codes_ref[...]
     if rotate:
-      h, signs = rotation[0][...], rotation[1][...]
+      h, signs = rest[0][...], rest[1][...]
       rows = q.reshape(step * ROWS, LANES).astype(jnp.bfloat16)
       y = jnp.dot(rows, h.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
       y = y.reshape(step, ROWS, LANES) * signs
@@ -282,21 +348,26 @@ def dequantize_module(
     values = (y * scales_ref[...][..., None]).astype(out_ref.dtype)
     out_ref[...] = values.reshape(out_ref.shape)
 
-  inputs = [codes, scales]
+  inputs: list = [where.codes, where.scales]
   if rotate:
     inputs += [
-      ((LANES, LANES), "float32", (LANES, LANES), lambda j, i: (0, 0)),
-      ((ROWS, LANES), "float32", (ROWS, LANES), lambda j, i: (0, 0)),
+      ((LANES, LANES), "float32", (LANES, LANES), lambda s: (0, 0)),
+      ((ROWS, LANES), "float32", (ROWS, LANES), lambda s: (0, 0)),
     ]
-  outputs = [_values_spec(tiles, columns, element, step, codes)]
-  flops = tiles * ROWS * LANES * ((2 * LANES + 2) if rotate else 1)
-  return _lower(target, "equarx_dequantize", kernel, grid, inputs, outputs, flops)
+  aliases = {}
+  if part > 0:  # the values so far, written in place: never read here
+    aliases = {len(inputs): 0}
+    inputs.append((where.values_shape, element, pl.ANY, None))
+  flops = where.tiles * ROWS * LANES * ((2 * LANES + 2) if rotate else 1)
+  outputs = [where.values(element)]
+  return _lower(target, "equarx_dequantize", kernel, where.grid, inputs, outputs, flops, aliases)
 
 
 class QuantizeKernels:
   """The kernels a module calls: each distinct one lowered once and moved into `module`
   as private functions.  `notes` has one entry per kernel asked for, (its stage, "" where
-  the kernel ran, else why not): rewrite.py puts them in the site's report."""
+  the kernel ran, else why not), and ("parts", how many) for a site taken in parts:
+  rewrite.py puts them in the site's report."""
 
   def __init__(self, module: ir.Module, target: Target):
     self.module, self.target = module, target
@@ -310,13 +381,45 @@ class QuantizeKernels:
       return f"no {element} kernel for {self.target}"  # a TPU has no f16 arithmetic
     return shape_why_not(self.target, tiles, columns=columns)
 
+  def parts_for(self, tiles: int, members: int, itemsize: int, columns: int) -> int:
+    """How many parts the kernels take `tiles` tiles of values in, one after the other,
+    so that a part's codes, the pieces received and the gathered sums stay a fraction of
+    the operand: the fewest parts of at most PART_BYTES of values each, else the most
+    there can be.  A part is whole steps of every kernel and N chunks of whole steps; 1
+    where no split fits the tiles."""
+    least = -(-tiles * ROWS * LANES * itemsize // PART_BYTES)
+    if least <= 1:
+      return 1
+    step = step_tiles(self.target, tiles // max(columns, 1))
+
+    def fits(parts: int) -> bool:
+      part = tiles // parts
+      return (
+        tiles % parts == 0
+        and part % step == 0
+        and part % members == 0
+        and not shape_why_not(self.target, part // members, members)
+      )
+
+    feasible = [p for p in range(2, tiles + 1) if fits(p)]
+    enough = [p for p in feasible if p >= least]
+    return enough[0] if enough else max(feasible, default=1)
+
   def quantize(
-    self, em: Emitter, x: ir.Value, matrix: ir.Value | None, columns: int = 0
+    self,
+    em: Emitter,
+    x: ir.Value,
+    matrix: ir.Value | None,
+    columns: int = 0,
+    part: int = 0,
+    parts: int = 1,
+    after: ir.Value | None = None,
   ) -> tuple[ir.Value, ir.Value] | None:
     """Codes [tiles, 8, 128] int8 and scales [tiles, 8] f32 of x (rotated by `matrix`
     first where given): x [..., 8, 128], or with `columns` the operand's own rows [rows,
-    columns * 128], its tiles in column-major order.  None where the kernel cannot
-    (noted)."""
+    columns * 128], its tiles in column-major order; of part `part` of `parts` of the
+    tiles only (tiles / parts of them), `after` the values the parts before wrote (an
+    order, not an input).  None where the kernel cannot (noted)."""
     shape = shape_of(x)
     tiles = math.prod(shape) // (ROWS * LANES)
     element = str(ir.RankedTensorType(x.type).element_type)
@@ -325,14 +428,16 @@ class QuantizeKernels:
     if why:
       return None
     rotate = matrix is not None
-    key = ("quantize", (tiles,), element, rotate, columns)
+    key = ("quantize", (tiles,), element, rotate, columns, part, parts)
     flat = x if columns else em.reshape(x, (tiles, ROWS, LANES))
     codes, scales = self._call(
       em,
       key,
-      lambda: quantize_module(self.target, tiles, element, rotate, columns),
-      [flat] + ([matrix] if matrix is not None else []),
-      tiles,
+      lambda: quantize_module(self.target, tiles, element, rotate, columns, part, parts),
+      [flat]
+      + ([matrix] if matrix is not None else [])
+      + ([after] if part > 0 and after is not None else []),
+      tiles // parts,
     )
     return codes, scales
 
@@ -347,7 +452,7 @@ class QuantizeKernels:
     self.notes.append(("sum", why))
     if why:
       return None
-    key = ("sum", (members, tiles), "i8", False, 0)
+    key = ("sum", (members, tiles), "i8", False, 0, 0, 1)
     operands = [
       em.reshape(codes, (members, tiles, ROWS, LANES)),
       em.reshape(scales, (members, tiles, ROWS)),
@@ -365,30 +470,36 @@ class QuantizeKernels:
     element: ir.Type,
     rotation: tuple[ir.Value, ir.Value] | None,
     columns: int = 0,
+    into: ir.Value | None = None,
+    part: int = 0,
+    parts: int = 1,
   ) -> ir.Value | None:
     """Codes [..., 8, 128] and scales [..., 8] -> values of `element` rotated back by
     rotation = (H, the signs as [8, 128]) where given: [tiles, 8, 128], or with `columns`
     the operand's own rows [tiles / columns * 8, columns * 128] (quantize's layouts).
-    None where the kernel cannot (noted)."""
+    With `parts`, the codes are part `part`'s and its values are written into `into`
+    (the whole values array so far), which comes back.  None where the kernel cannot
+    (noted)."""
     shape = shape_of(codes)
-    tiles = math.prod(shape[:-2])
+    tiles = math.prod(shape[:-2]) * parts
     name = str(element)
     why = self.why_not(tiles, name, columns)
     self.notes.append(("dequantize", why))
     if why:
       return None
     rotate = rotation is not None
-    key = ("dequantize", (tiles,), name, rotate, columns)
-    operands = [
-      em.reshape(codes, (tiles, ROWS, LANES)),
-      em.reshape(scales, (tiles, ROWS)),
-      *(rotation or ()),
-    ]
+    key = ("dequantize", (tiles,), name, rotate, columns, part, parts)
     out = (tiles // columns * ROWS, columns * LANES) if columns else (tiles, ROWS, LANES)
+    operands = [
+      em.reshape(codes, (tiles // parts, ROWS, LANES)),
+      em.reshape(scales, (tiles // parts, ROWS)),
+      *(rotation or ()),
+      *([em.reshape(into, out)] if part > 0 and into is not None else []),
+    ]
     (values,) = self._call(
       em,
       key,
-      lambda: dequantize_module(self.target, tiles, name, rotate, columns),
+      lambda: dequantize_module(self.target, tiles, name, rotate, columns, part, parts),
       operands,
       [ir.RankedTensorType.get(out, element)],
     )
@@ -399,10 +510,11 @@ class QuantizeKernels:
     its results, of `types` (default: codes [tiles, 8, 128] and scales [tiles, 8] for
     an int: tiles)."""
     if key not in self._symbols:
-      stage, dims, element, rotated, columns = key
+      stage, dims, element, rotated, columns, part, parts = key
       shape = "x".join(str(d) for d in (*dims, ROWS, LANES))
       name = f"equarx_{stage}_{self.target}_{shape}x{element}" + ("_rotated" if rotated else "")
       name += f"_in_{columns}_columns" if columns else ""
+      name += f"_part_{part + 1}_of_{parts}" if parts > 1 else ""
       self._symbols[key] = self._move_in(lowered(), name)
     if isinstance(types, int):
       types = [

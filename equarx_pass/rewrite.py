@@ -277,14 +277,17 @@ def _quantize_kernels(
 
 def _with_form(record: SiteRecord, notes: list[tuple[str, str]], kernels) -> SiteRecord:
   """The record of a site emitted under --equarx_form=kernel: which of its stages are
-  kernels (notes: quantize_kernel.QuantizeKernels.notes of this site, (stage, why not))."""
+  kernels, and in how many parts (notes: quantize_kernel.QuantizeKernels.notes of this
+  site, (stage, why not) and ("parts", how many))."""
+  parts = "".join(f", in {n} parts" for stage, n in notes if stage == "parts")
+  notes = [(stage, why) for stage, why in notes if stage != "parts"]
   ran = [stage for stage, why in notes if not why]
   declined = [(stage, why) for stage, why in notes if why]
   if ran:
     where = {"tpu": "Mosaic", "cuda": "Triton", "interpret": "Pallas interpreter"}
     stages = " + ".join(dict.fromkeys(ran))
     tiled = "".join(f"; {stage} tiled: {why}" for stage, why in declined)
-    form = f"; kernel form (Pallas {stages}, {where[kernels.target]}{tiled})"
+    form = f"; kernel form (Pallas {stages}, {where[kernels.target]}{parts}{tiled})"
   else:
     why = declined[0][1] if declined else "the algorithm quantizes in its steps"
     form = f"; tiled form (no kernel: {why})"

@@ -80,6 +80,49 @@ def test_kernel_form_without_rotation_equals_model(dtype, values):
     _same_bits(got, want)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_a_large_operand_in_parts_equals_the_tiled_form(scheme, dtype, monkeypatch):
+  # Parts of 256 KiB: a [256, 1024] operand per rank goes through the kernels in 4 (f32)
+  # or 2 (bf16) parts, each written into the result in place.
+  monkeypatch.setattr(quantize_kernel, "PART_BYTES", 256 << 10)
+  rng = np.random.default_rng(5)
+  x = rng.standard_normal((8, 256, 1024)).astype(np.float32)
+  x[2, 100, :128] *= 1e4
+  x[6, 255, 1023] = np.inf
+  tiled, _ = _psum(scheme + " --equarx_form=tiled", x, dtype)
+  kernel, reason = _psum(scheme + " --equarx_form=kernel", x, dtype)
+  parts = 4 if dtype == jnp.float32 else 2
+  assert reason.endswith(f"Pallas interpreter, in {parts} parts)"), reason
+  _same_bits(kernel, tiled)
+
+
+def test_parts_are_chained_and_written_in_place(monkeypatch):
+  monkeypatch.setattr(quantize_kernel, "PART_BYTES", 256 << 10)
+  mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+  x = jax.ShapeDtypeStruct((4 * 256, 1024), jnp.float32)
+  text = jax.jit(psum_program(mesh, "tp")).trace(x).lower(lowering_platforms=("tpu",)).as_text()
+  policy = equarx_pass.Policy.from_flags(
+    "--equarx_enable --equarx_force --equarx_platform=tpu --equarx_form=kernel"
+  )
+  result = equarx_pass.transform_text(text, policy)
+  assert result.records[0].reason.endswith(
+    "(Pallas quantize + sum + dequantize, Mosaic, in 4 parts)"
+  )
+  out = result.text
+  calls = [line.strip() for line in out.splitlines() if "func.call @equarx_" in line]
+  quantizes = [c for c in calls if "@equarx_quantize" in c]
+  dequantizes = [c for c in calls if "@equarx_dequantize" in c]
+  assert len(quantizes) == len(dequantizes) == 4
+  # Part k's quantize takes what part k - 1's dequantize wrote (an order, not an input),
+  # and part k's dequantize writes into it: its kernel's result aliases that operand.
+  for k in range(1, 4):
+    written = dequantizes[k - 1].split(" = ")[0]
+    assert quantizes[k].split("(")[1].rstrip(")").split(", ")[-1].startswith(written)
+    assert dequantizes[k].split("(")[1].split(")")[0].split(", ")[-1] == written
+  assert out.count("output_operand_aliases") == 3
+
+
 @pytest.mark.parametrize("scales_by_diagonal", [False, True])
 def test_quantize_tiles_is_the_int8_model(scales_by_diagonal):
   rng = np.random.default_rng(3)
@@ -186,3 +229,24 @@ def test_the_kernels_compile_for_tpu(target):
   # Mosaic compiles each kernel for the chip: a kernel it cannot build fails the compile.
   assert result.tpu.hlo_text.count('custom_call_target="tpu_custom_call"') == 3
   assert result.tpu.quantized_collectives >= 2
+
+
+@pytest.mark.libtpu
+def test_parts_compile_for_tpu(monkeypatch):
+  monkeypatch.setattr(quantize_kernel, "PART_BYTES", 256 << 10)
+  mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+  x = jax.ShapeDtypeStruct((4 * 256, 1024), jnp.bfloat16)
+  text = jax.jit(psum_program(mesh, "tp")).trace(x).lower(lowering_platforms=("tpu",)).as_text()
+  policy = equarx_pass.Policy.from_flags(
+    "--equarx_enable --equarx_force --equarx_form=kernel --equarx_compile_for=tpu:v5e:2x2"
+  )
+  result = equarx_pass.transform_text(text, policy)
+  assert result.records[0].reason.endswith("Mosaic, in 2 parts)")
+  assert result.tpu.hlo_text.count('custom_call_target="tpu_custom_call"') == 6
+  # Nothing copies the operand or the result for the parts written in place.
+  copies = [
+    line
+    for line in result.tpu.hlo_text.splitlines()
+    if " copy(" in line and "bf16[256,1024]" in line.split("=")[1]
+  ]
+  assert not copies, copies

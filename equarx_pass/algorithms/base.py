@@ -91,6 +91,8 @@ class Algorithm:
     or the flat one; one value per operand, with the operand's type."""
     if tiled:
       site = TiledSite(operands, plan, channels)
+      if site.parts > 1:
+        return site.finish_parts(lambda: self.emit_tiled(site))
       return site.finish(*self.emit_tiled(site))
     flat = FlatSite(operands, plan, channels)
     return flat.finish(self.emit_flat(flat))
