@@ -60,6 +60,9 @@ class TopologyCompile:
   hlo_text: str = dataclasses.field(repr=False, default="")
   all_reduce_shapes: tuple = ()  # the result shape of each all-reduce left
   temp_bytes: int | None = None  # temporary device memory the program needs, where given
+  # The most device memory the program holds at once (arguments, results and temporaries;
+  # libtpu counts a Pallas kernel's operands here and not in temp_bytes), where given.
+  peak_bytes: int | None = None
   # The program before the rewrite, compiled for the same target (compare_to_original).
   original: TopologyCompile | None = dataclasses.field(repr=False, default=None)
 
@@ -99,12 +102,17 @@ class TopologyCompile:
         f"on chip {mine * 1e6:.1f} us against the original's {theirs * 1e6:.1f} us "
         f"({mine / theirs:.2f}x its time; the compiler's estimate, no transfer time)"
       )
-    if self.temp_bytes is not None and original.temp_bytes is not None:
-      from equarx_pass.report import fmt_bytes  # (the report's units; imports the pass)
+    from equarx_pass.report import fmt_bytes  # (the report's units; imports the pass)
 
+    if self.temp_bytes is not None and original.temp_bytes is not None:
       parts.append(
         f"temporary memory {fmt_bytes(self.temp_bytes)} against the original's "
         f"{fmt_bytes(original.temp_bytes)}"
+      )
+    if self.peak_bytes is not None and original.peak_bytes is not None:
+      parts.append(
+        f"peak memory {fmt_bytes(self.peak_bytes)} against the original's "
+        f"{fmt_bytes(original.peak_bytes)}"
       )
     return "".join(f"\n  {part}" for part in parts)
 
@@ -259,11 +267,14 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
     cost = cost[0] if cost else {}
   cost = {k: float(v) for k, v in dict(cost).items()}
   try:
-    temp_bytes = int(executable.get_compiled_memory_stats().temp_size_in_bytes)
+    stats = executable.get_compiled_memory_stats()
+    temp_bytes: int | None = int(stats.temp_size_in_bytes)
+    peak_bytes: int | None = int(getattr(stats, "peak_memory_in_bytes", 0)) or None
   except Exception:  # a client that gives no memory statistics
-    temp_bytes = None
+    temp_bytes = peak_bytes = None
   return dict(
     temp_bytes=temp_bytes,
+    peak_bytes=peak_bytes,
     target=target,
     seconds=seconds,
     num_devices=len(devices),

@@ -189,6 +189,7 @@ def test_compile_for_tpu_topology(mlp_mlir, tmp_path):
   assert "2 s8 collectives" in proc.stdout and "0 all-reduces left" in proc.stdout
   # Beside the input program compiled for the same topology.
   assert "against the original's" in proc.stdout and "temporary memory" in proc.stdout
+  assert "peak memory" in proc.stdout
   # Blocks of 1024 have one scale each, a 1-D array: the TPU compiler makes its small
   # all-gather an all-reduce, and the summary says so.
   b1024 = equarx_opt(

@@ -18,6 +18,9 @@ flat form).  Reported, all of it COMPILER ESTIMATES, not measurements:
   est. cycles       the sum of the per-instruction "estimated_cycles" the TPU
                     compiler writes into the compiled HLO, while-loop bodies
                     times their trip count
+  temp MiB, peak MiB  the compiled program's memory statistics: temporary memory, and
+                    the most it holds at once (arguments and results included; a
+                    Pallas kernel's operands count in the peak, not in temp)
 Neither of them prices the transfer over ICI: the all-reduce and the
 collective-permutes carry no estimate.  So the table also gives the wire bytes
 per chip (counted from the module, equarx_pass/wire_bytes.py) and the link bandwidth
@@ -304,6 +307,7 @@ def main() -> int:
             cost=tc.cost,
             optimal_seconds=tc.cost.get("optimal_seconds"),
             temp_bytes=tc.temp_bytes,
+            peak_bytes=tc.peak_bytes,
             flops=tc.cost.get("flops"),
             bytes_accessed=tc.cost.get("bytes accessed"),
             est_cycles=estimated_cycles(tc.hlo_text),
@@ -342,6 +346,7 @@ def main() -> int:
     "compile s",
     "module KB",
     "temp MiB",
+    "peak MiB",
   ]
   table_rows = []
   for r in rows:
@@ -353,6 +358,7 @@ def main() -> int:
       "wire bytes/chip": benchlib.fmt_bytes(r["wire_bytes"]),
       "module KB": f"{r['module_bytes'] / 1e3:.0f}",
       "temp MiB": f"{r['temp_bytes'] / 2**20:.1f}" if r.get("temp_bytes") is not None else "-",
+      "peak MiB": f"{r['peak_bytes'] / 2**20:.1f}" if r.get("peak_bytes") else "-",
     }
     if "error" in r:
       t["optimal_seconds (us)"] = r["error"][:60]
