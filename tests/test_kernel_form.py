@@ -197,6 +197,18 @@ def test_lowered_for_a_device_the_site_calls_its_kernels(platform, form, call):
   assert text.count('"stablehlo.all_to_all"') == 2 and text.count('"stablehlo.all_gather"') == 2
 
 
+@pytest.mark.parametrize("platform,form", [("tpu", "tpu"), ("cuda", "gpu")])
+def test_lowered_for_a_device_the_parts_alias_the_result(platform, form, monkeypatch):
+  monkeypatch.setattr(quantize_kernel, "PART_BYTES", 64 << 10)
+  policy = equarx_pass.Policy.from_flags(
+    f"--equarx_enable --equarx_force --equarx_platform={form} --equarx_form=kernel"
+  )
+  result = equarx_pass.transform_text(_lowered_psum(platform), policy)
+  assert result.records[0].reason.endswith(" in 2 parts)"), result.records[0].reason
+  # The second part's dequantize writes into the first's result.
+  assert result.text.count("output_operand_aliases") == 1
+
+
 def test_two_sites_share_one_function_per_kernel():
   mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
 
