@@ -56,6 +56,21 @@ def _same_bits(a: np.ndarray, b: np.ndarray) -> None:
   np.testing.assert_array_equal(np.where(np.isnan(a), 0, a), np.where(np.isnan(b), 0, b))
 
 
+def _lowered_psum(platform: str, dtype=jnp.bfloat16, devices: int = 4, rows: int = 64) -> str:
+  """A psum of [rows, 1024] per device over `devices` CPU devices, lowered for `platform`."""
+  mesh = Mesh(np.array(jax.devices()[:devices]), ("tp",))
+  x = jax.ShapeDtypeStruct((devices * rows, 1024), dtype)
+  return jax.jit(psum_program(mesh, "tp")).trace(x).lower(lowering_platforms=(platform,)).as_text()
+
+
+def _kernel_form(text: str, flags: str):
+  """equarx-opt's rewrite of `text` with the kernel form forced, and `flags`."""
+  policy = equarx_pass.Policy.from_flags(
+    "--equarx_enable --equarx_force --equarx_form=kernel " + flags
+  )
+  return equarx_pass.transform_text(text, policy)
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_kernel_form_equals_tiled_form_bit_for_bit(scheme, dtype, values):
@@ -99,13 +114,7 @@ def test_a_large_operand_in_parts_equals_the_tiled_form(scheme, dtype, monkeypat
 
 def test_parts_are_chained_and_written_in_place(monkeypatch):
   monkeypatch.setattr(quantize_kernel, "PART_BYTES", 256 << 10)
-  mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
-  x = jax.ShapeDtypeStruct((4 * 256, 1024), jnp.float32)
-  text = jax.jit(psum_program(mesh, "tp")).trace(x).lower(lowering_platforms=("tpu",)).as_text()
-  policy = equarx_pass.Policy.from_flags(
-    "--equarx_enable --equarx_force --equarx_platform=tpu --equarx_form=kernel"
-  )
-  result = equarx_pass.transform_text(text, policy)
+  result = _kernel_form(_lowered_psum("tpu", jnp.float32, rows=256), "--equarx_platform=tpu")
   assert result.records[0].reason.endswith(
     "(Pallas quantize + sum + dequantize, Mosaic, in 4 parts)"
   )
@@ -169,22 +178,12 @@ def test_kernel_form_needs_a_tiled_scheme():
     equarx_pass.Policy.from_flags("--equarx_enable --equarx_form=kernel --equarx_block_layout=grid")
 
 
-def _lowered_psum(platform: str, dtype=jnp.bfloat16) -> str:
-  mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
-  program = jax.jit(psum_program(mesh, "tp"))
-  x = jax.ShapeDtypeStruct((4 * 64, 1024), dtype)
-  return program.trace(x).lower(lowering_platforms=(platform,)).as_text()
-
-
 @pytest.mark.parametrize(
   "platform,form,call",
   [("tpu", "tpu", "@tpu_custom_call"), ("cuda", "gpu", "@__gpu$xla.gpu.triton")],
 )
 def test_lowered_for_a_device_the_site_calls_its_kernels(platform, form, call):
-  policy = equarx_pass.Policy.from_flags(
-    f"--equarx_enable --equarx_force --equarx_platform={form} --equarx_form=kernel"
-  )
-  result = equarx_pass.transform_text(_lowered_psum(platform), policy)
+  result = _kernel_form(_lowered_psum(platform), f"--equarx_platform={form}")
   text = result.text
   where = {"tpu": "Mosaic", "gpu": "Triton"}[form]
   assert result.records[0].reason.endswith(
@@ -200,10 +199,7 @@ def test_lowered_for_a_device_the_site_calls_its_kernels(platform, form, call):
 @pytest.mark.parametrize("platform,form", [("tpu", "tpu"), ("cuda", "gpu")])
 def test_lowered_for_a_device_the_parts_alias_the_result(platform, form, monkeypatch):
   monkeypatch.setattr(quantize_kernel, "PART_BYTES", 64 << 10)
-  policy = equarx_pass.Policy.from_flags(
-    f"--equarx_enable --equarx_force --equarx_platform={form} --equarx_form=kernel"
-  )
-  result = equarx_pass.transform_text(_lowered_psum(platform), policy)
+  result = _kernel_form(_lowered_psum(platform), f"--equarx_platform={form}")
   assert result.records[0].reason.endswith(" in 2 parts)"), result.records[0].reason
   # The second part's dequantize writes into the first's result.
   assert result.text.count("output_operand_aliases") == 1
@@ -218,10 +214,7 @@ def test_two_sites_share_one_function_per_kernel():
   program = jax.jit(jax.shard_map(two, mesh=mesh, in_specs=(P("tp"), P("tp")), out_specs=P("tp")))
   x = jax.ShapeDtypeStruct((4 * 64, 1024), jnp.bfloat16)
   text = program.trace(x, x).lower(lowering_platforms=("tpu",)).as_text()
-  policy = equarx_pass.Policy.from_flags(
-    "--equarx_enable --equarx_force --equarx_platform=tpu --equarx_form=kernel"
-  )
-  out = equarx_pass.transform_text(text, policy).text
+  out = _kernel_form(text, "--equarx_platform=tpu").text
   assert out.count("stablehlo.custom_call @tpu_custom_call") == 3
   assert out.count("func.call @equarx_quantize_") == 2
 
@@ -230,13 +223,8 @@ def test_two_sites_share_one_function_per_kernel():
 @pytest.mark.parametrize("target", ["tpu:v5e:2x2", "tpu:v4:2x2x1"])
 def test_the_kernels_compile_for_tpu(target):
   devices = 8 if target.startswith("tpu:v4") else 4
-  mesh = Mesh(np.array(jax.devices()[:devices]), ("tp",))
-  x = jax.ShapeDtypeStruct((devices * 64, 1024), jnp.bfloat16)
-  text = jax.jit(psum_program(mesh, "tp")).trace(x).lower(lowering_platforms=("tpu",)).as_text()
-  policy = equarx_pass.Policy.from_flags(
-    f"--equarx_enable --equarx_force --equarx_form=kernel --equarx_compile_for={target}"
-  )
-  result = equarx_pass.transform_text(text, policy)
+  text = _lowered_psum("tpu", devices=devices)
+  result = _kernel_form(text, f"--equarx_compile_for={target}")
   assert "Mosaic" in result.records[0].reason
   # Mosaic compiles each kernel for the chip: a kernel it cannot build fails the compile.
   assert result.tpu.hlo_text.count('custom_call_target="tpu_custom_call"') == 3
@@ -246,13 +234,7 @@ def test_the_kernels_compile_for_tpu(target):
 @pytest.mark.libtpu
 def test_parts_compile_for_tpu(monkeypatch):
   monkeypatch.setattr(quantize_kernel, "PART_BYTES", 256 << 10)
-  mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
-  x = jax.ShapeDtypeStruct((4 * 256, 1024), jnp.bfloat16)
-  text = jax.jit(psum_program(mesh, "tp")).trace(x).lower(lowering_platforms=("tpu",)).as_text()
-  policy = equarx_pass.Policy.from_flags(
-    "--equarx_enable --equarx_force --equarx_form=kernel --equarx_compile_for=tpu:v5e:2x2"
-  )
-  result = equarx_pass.transform_text(text, policy)
+  result = _kernel_form(_lowered_psum("tpu", rows=256), "--equarx_compile_for=tpu:v5e:2x2")
   assert result.records[0].reason.endswith("Mosaic, in 2 parts)")
   assert result.tpu.hlo_text.count('custom_call_target="tpu_custom_call"') == 6
   # Nothing copies the operand or the result for the parts written in place.
