@@ -1,21 +1,31 @@
-"""The tiled form's first quantize as one Pallas kernel: the kernel form (--equarx_form=kernel).
+"""The kernel form (--equarx_form=kernel): two-shot's local stages as Pallas kernels.
 
-What XLA makes of the emitted quantize (quantize_emit.TileCodec after the rotation's
-matmul) reads the operand twice and, on a GPU, stores the matmul's f32 result and reads
-it back (tools/bench_kernel.py: 2.7x one pass over the input on an H100, the kernel
-1.2-1.3x with the same codes).  One kernel over blocks of (8, 128) tiles keeps each
-block on chip: it reads the operand once and writes the codes and scales.
+  quantize     rotate the operand's rows of 128 ((H / 128) D, a matmul), take each row's
+               maximum, scale and round: int8 codes and f32 scales, one pass
+  sum          the N received pieces dequantized, added in f32 in group order (as
+               forms.plus_zero and forms.add), quantized again
+  dequantize   rotate back (H, then D), scale, convert to the result's type
 
-The math is quantize.py's int8 codec on one-row blocks of 128 values, as TileCodec emits
-it: the rotation (H / 128) D as a matmul with an f32 result (16-bit operands as they
-are, f32 at the highest precision), absmax with NaN counted as inf, the scale times
-f32(1/127), the reciprocal of the safe scale capped at FLT_MAX, clamp, round half to
-even (with floor: Triton has no round; exact for |v| <= 127), NaN codes 0.
+What XLA makes of the same stages emitted as ops (quantize_emit.TileCodec) reads the
+operand twice and, on a GPU, stores the rotation's f32 result and reads it back
+(tools/bench_kernel.py on an H100: the quantize stage 2.7x one pass over its input, as
+a kernel 1.2-1.3x with the same codes).  A kernel over blocks of (8, 128) tiles keeps
+each block on chip.  An operand of whole tiles is read and written where it lies, its
+tiles in column-major order (two-shot sums its blocks alike in any order), and one of
+more than PART_BYTES goes through in parts (dequantize_module says how they chain).
 
-JAX lowers the kernel for where the program is compiled: Mosaic (a tpu_custom_call) on
+The codec is quantize.py's int8 on one-row blocks of 128 values: absmax with NaN counted
+as inf, the scale times f32(1/127), the reciprocal of the safe scale capped at FLT_MAX,
+clamp, round half to even (with floor: Triton has no round; exact for |v| <= 127), NaN
+codes 0.  The forward rotation is a matmul with an f32 result (16-bit operands as they
+are, f32 at the highest precision), as the tiled form's.
+
+JAX lowers each kernel for where the program is compiled: Mosaic (a tpu_custom_call) on
 TPU, Triton on CUDA GPUs, and Pallas's interpreter (plain StableHLO) where a program
-emitted in a TPU or GPU form runs on CPU devices (the tests).  The lowered functions
-move into the module as private functions, one per distinct shape, called at each site.
+emitted in a TPU or GPU form runs on CPU devices (the tests).  The lowered functions move
+into the module as private functions, one per distinct kernel, called at each site.
+Each kernel declares the bytes it moves as its cost: XLA's cost analysis cannot see
+inside it (BUILD_NOTES, "A kernel is priced by the bytes it reads and writes").
 """
 
 from __future__ import annotations
