@@ -76,8 +76,9 @@ class SitePlan:
   # collectives after the collectives that follow it only by the loop's launch: one
   # order of collectives on every device needs them written out there (outline.py).
   collectives_in_loops: bool = True
-  # The kernel form: the site's first quantize (TiledSite.quantize_chunks) as a Pallas
-  # kernel, where the kernel can do it (quantize_kernel.py).
+  # The kernel form: the site's quantize (TiledSite.quantize_chunks), sum
+  # (sum_quantized) and dequantize (finish) as Pallas kernels where they can take the
+  # site (quantize_kernel.py); given only for algorithms that quantize their chunks once.
   quantize_kernels: QuantizeKernels | None = None
 
   @property

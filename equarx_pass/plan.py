@@ -166,8 +166,8 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
 
 def _kernel_priced(policy: Policy) -> bool:
   """Whether sites get the kernel form's on-chip cost: --equarx_form=kernel with a scheme
-  whose first quantize the kernels take (quantize_kernel.why_not; a site's shape can
-  still keep it tiled, which the report then says)."""
+  the kernels take (two-shot, int8 rounded to nearest: quantize_kernel.why_not; a
+  site's shape can still keep it tiled, which the report then says)."""
   scheme = policy.scheme
   return (
     policy.form == "kernel"

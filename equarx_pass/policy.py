@@ -47,8 +47,9 @@ Platform = Literal["auto", "cpu", "tpu", "gpu"]
 PLATFORMS = get_args(Platform)
 # The emitted form: tiled or flat (forms.py); auto = tiled wherever the
 # scheme has a tiled form (it measured faster on XLA:CPU too; BUILD_NOTES, "Emitted forms").
-# kernel: tiled, with its first quantize a Pallas kernel (quantize_kernel.py) on TPU and
-# GPU; opt-in until the spliced kernel is timed on a device (BUILD_NOTES, "Kernel form").
+# kernel: tiled, with two-shot's quantize, sum and dequantize as Pallas kernels
+# (quantize_kernel.py) on TPU and GPU; opt-in until the kernels run on a device
+# (BUILD_NOTES, "The kernel form").
 Form = Literal["auto", "tiled", "flat", "kernel"]
 FORMS = get_args(Form)
 Hierarchy = Literal["auto", "flat"]
@@ -159,7 +160,10 @@ class Policy:
     except ValueError as e:
       raise FlagError(f"inconsistent --equarx_* flags: {e}") from None
     if self.form in ("tiled", "kernel") and scheme.flat_only():
-      raise FlagError(f"--equarx_form={self.form}: {scheme.flat_only()}")
+      built_on = (
+        " (the kernel form is the tiled form with kernels)" if self.form == "kernel" else ""
+      )
+      raise FlagError(f"--equarx_form={self.form}: {scheme.flat_only()}{built_on}")
     if self.rounding == "stochastic" and self._flat_why():
       raise FlagError(f"--equarx_rounding=stochastic needs the tiled form ({self._flat_why()})")
     if self.compile_for:
@@ -551,10 +555,11 @@ FLAGS = {
       _parse_str,
       "the emitted form: `tiled` (two-shot and the ring with one lane and fixed blocks), "
       "`flat` (one int8 payload per row with the scale bytes packed in, loops over "
-      "chunks), `kernel` (tiled, its first quantize one Pallas kernel: Mosaic on TPU, "
-      "Triton on CUDA GPUs, Pallas's interpreter where a TPU or GPU form runs on CPU; "
-      "the report says where a site keeps the tiled quantize and why); `auto`: tiled "
-      "wherever the scheme has a tiled form",
+      "chunks), `kernel` (tiled, with two-shot's quantize, sum and dequantize as Pallas "
+      "kernels: Mosaic on TPU, Triton on CUDA GPUs, Pallas's interpreter where a TPU or "
+      "GPU form runs on CPU; opt-in, not yet run on a device; the report says where a "
+      "site keeps the tiled form and why); `auto`: tiled wherever the scheme has a tiled "
+      "form",
       metavar="F",
     ),
     Flag(

@@ -212,7 +212,7 @@ def main() -> int:
     choices=["auto", "flat", "kernel"],
     help="the emitted form: auto (what a TPU gets: tiled where the scheme has a tiled "
     "form, or the scheme's own --equarx_form), flat (for comparison) or kernel (the tiled "
-    "form with its first quantize a Pallas kernel)",
+    "form with two-shot's quantize, sum and dequantize as Pallas kernels)",
   )
   ap.add_argument(
     "--columns",
