@@ -469,10 +469,17 @@ class TiledSite:
   def finish(self, codes: ir.Value, scales: ir.Value) -> list[ir.Value]:
     """All N chunks' codes [N R, ...] and scales [N R, ...], in chunk order -> the results."""
     values = self._kernel_values(codes, scales)
-    if values is not None and self._columns:  # the operand's own rows
-      return [self.em.reshape(values, self.types[0].shape)]
     if values is None:
+      # Codes in the kernels' column order need the dequantize kernel (which takes
+      # whatever the quantize kernel took).
+      assert not self._columns, "the kernel form declined to dequantize an operand"
       values = self._dequantize(codes, scales)
+    return self._results(values)
+
+  def _results(self, values: ir.Value) -> list[ir.Value]:
+    """All the values, in the order the site took them -> the results."""
+    if self._columns:  # the kernels wrote the operand's own rows
+      return [self.em.reshape(values, self.types[0].shape)]
     if self.tiles is not None:
       return [self._from_tile_order(values)]
     return self.em.unflatten_like(values, self.types)
@@ -483,20 +490,14 @@ class TiledSite:
     scales, and the dequantize kernel writes the part's values into the values so far
     (quantize_kernel.dequantize_module), which the next part's quantize waits for.  The
     chain orders the parts, so at any time only one part's codes are alive."""
-    em = self.em
     assert self._kernels is not None
     self._kernels.notes.append(("parts", str(self.parts)))
     for part in range(self.parts):
       self._part = part
       codes, scales = emit_part()
       self._written = self._kernel_values(codes, scales, into=self._written)
-    values = self._written
-    assert values is not None, "the kernel form declined a part"
-    if self._columns:
-      return [em.reshape(values, self.types[0].shape)]
-    if self.tiles is not None:
-      return [self._from_tile_order(values)]
-    return em.unflatten_like(values, self.types)
+    assert self._written is not None, "the kernel form declined a part"
+    return self._results(self._written)
 
   def _kernel_values(
     self, codes: ir.Value, scales: ir.Value, into: ir.Value | None = None
