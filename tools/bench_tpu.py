@@ -33,10 +33,12 @@ schedule) with how many have work scheduled while they are in flight.
 The paper (EQuARX, arXiv 2506.17615) measured 1.8x over the bf16 all-reduce on
 real TPUs; nothing here measures a TPU.
 
---collectives-alone adds two programs holding only an algorithm's collectives, on int8
+--collectives-alone adds three programs holding only an algorithm's collectives, on int8
 codes already in (8, 128) tiles, one byte per value: two-shot's all_to_all of every
-chip's codes and all_gather of a chip's share; the ring's 2 (N - 1) collective-permutes
-of a chip's share, one after the other.  No quantization, no sum: the part of a form's
+chip's codes and all_gather of a chip's share, the same with the f32 scales beside them
+(one a row of 128, in their own all_to_all and all_gather, as the tiled and kernel forms
+send them); the ring's 2 (N - 1) collective-permutes of a chip's share, one after the
+other.  No quantization, no sum: the part of a form's
 estimate that no emitted form of that algorithm can avoid.
 
 Writes results/tpu.json (or --out) and a PNG plot next to it.
@@ -58,19 +60,28 @@ PAPER_SPEEDUP = 1.8
 
 
 # The --collectives-alone programs' names in the rows' "scheme" field.
-ALONE = ("two_shot collectives alone", "ring collectives alone")
+ALONE = (
+  "two_shot collectives alone",
+  "two_shot+scales collectives alone",
+  "ring collectives alone",
+)
 
 
 def program_label(scheme: str) -> str:
   if scheme in ALONE:
-    return scheme.replace("_", "-").replace(" collectives", "'s collectives") + " (int8)"
+    name = scheme.replace("_", "-").replace(" collectives", "'s collectives")
+    return name.replace("+scales's", "'s") + (
+      " (int8, f32 scales)" if "+scales" in name else " (int8)"
+    )
   return benchlib.scheme_label(scheme) if scheme else "native all-reduce"
 
 
 def collectives_alone(jax, n: int, values: int, algorithm: str):
   """The collectives of a site of `values` per chip over `n` chips, on int8 codes in
   (8, 128) tiles, nothing computed.  two_shot: every chip's codes through an all_to_all,
-  a chip's share through an all_gather.  ring: a chip's share through N - 1
+  a chip's share through an all_gather; two_shot+scales: the same, and beside them the
+  f32 scales of the tiled and kernel forms ([rows / 8, 8], one a row of 128) through an
+  all_to_all and an all_gather of their own.  ring: a chip's share through N - 1
   collective-permutes one after the other, twice (reduce-scatter, all-gather)."""
   import numpy as np
   from jax.sharding import Mesh, PartitionSpec as P
@@ -91,12 +102,23 @@ def collectives_alone(jax, n: int, values: int, algorithm: str):
       sent.append(step)
     return tuple(sent)
 
-  exchange = two_shot if algorithm == "two_shot" else ring
+  def two_shot_scales(codes, scales):
+    share = scales.reshape(n, rows // 8 // n, 8)
+    return (
+      *two_shot(codes),
+      jax.lax.all_to_all(share, "x", 0, 0, tiled=True),
+      jax.lax.all_gather(scales[: rows // 8 // n], "x", tiled=True),
+    )
 
+  exchange = {"two_shot": two_shot, "two_shot+scales": two_shot_scales, "ring": ring}[algorithm]
+  args = [jax.ShapeDtypeStruct((n * rows, 128), jax.numpy.int8)]
+  if algorithm == "two_shot+scales":
+    args.append(jax.ShapeDtypeStruct((n * rows // 8, 8), jax.numpy.float32))
   mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
-  program = jax.jit(jax.shard_map(exchange, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-  arg = jax.ShapeDtypeStruct((n * rows, 128), jax.numpy.int8)
-  return program.lower(arg).compiler_ir("stablehlo")
+  program = jax.jit(
+    jax.shard_map(exchange, mesh=mesh, in_specs=(P("x"),) * len(args), out_specs=P("x"))
+  )
+  return program.lower(*args).compiler_ir("stablehlo")
 
 
 def estimated_cycles(hlo_text: str) -> float:
