@@ -214,12 +214,13 @@ class TiledSite:
     self._kernels = plan.quantize_kernels
     if self._kernels is not None:
       why = quantize_kernel.why_not(
-        self.fmt.name, plan.scheme.rounding == "stochastic", self.tile, block_dims
+        self.fmt.name,
+        plan.scheme.rounding == "stochastic",
+        self.tile,
+        block_dims,
+        plan.rotation_size,
+        plan.matmul_rotation,
       )
-      if not why and plan.rotation_size not in (0, LANES):
-        why = f"a rotation of {plan.rotation_size} values, not {LANES}"
-      if not why and plan.rotation_size and not plan.matmul_rotation:
-        why = "the rotation is the model's butterflies"
       if why:
         self._kernels.notes.append(("quantize", why))
         self._kernels = None

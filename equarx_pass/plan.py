@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from equarx_pass import cost, hierarchical
+from equarx_pass import cost, hierarchical, quantize_kernel
 from equarx_pass.layout import make_schedule
 from equarx_pass.match import Candidate, Decision, Skip
 from equarx_pass.policy import DTYPE_BYTES, Policy
@@ -166,14 +166,13 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
 
 def _kernel_priced(policy: Policy) -> bool:
   """Whether sites get the kernel form's on-chip cost: --equarx_form=kernel with a scheme
-  the kernels take (two-shot, int8 rounded to nearest: quantize_kernel.why_not; a
-  site's shape can still keep it tiled, which the report then says)."""
+  the kernels take (two-shot, quantize_kernel.format_why_not; a site's shape can still
+  keep it tiled, which the report then says)."""
   scheme = policy.scheme
   return (
     policy.form == "kernel"
     and scheme.algo.quantizes_chunks_once
-    and scheme.fmt.name == "int8"
-    and scheme.rounding != "stochastic"
+    and not quantize_kernel.format_why_not(scheme.fmt.name, scheme.rounding == "stochastic")
   )
 
 

@@ -75,15 +75,33 @@ def target_for(compile_platform: str | None, form_platform: str) -> Target | str
   return f"no kernel for {platform} with the {form_platform} form"
 
 
-def why_not(format_name: str, stochastic: bool, tile: tuple[int, ...], block_dims: int) -> str:
-  """Why the kernel cannot quantize chunks of `tile` ("": it can)."""
+def format_why_not(format_name: str, stochastic: bool) -> str:
+  """Why the kernels cannot take codes of this format and rounding ("": they can)."""
   if format_name != "int8" or stochastic:
     return f"the kernel has int8 with rounding to nearest only, not {format_name}" + (
       " with stochastic rounding" if stochastic else ""
     )
-  if block_dims != 1 or tuple(tile[-2:]) != (ROWS, LANES):
-    return f"blocks of one {LANES}-value row in ({ROWS}, {LANES}) tiles only, not tiles {tile}"
   return ""
+
+
+def why_not(
+  format_name: str,
+  stochastic: bool,
+  tile: tuple[int, ...],
+  block_dims: int,
+  rotation_size: int,
+  matmul_rotation: bool,
+) -> str:
+  """Why the kernels cannot take a site whose chunks are `tile`s, rotated by
+  `rotation_size` values (0: none), as a matmul or not ("": they can)."""
+  why = format_why_not(format_name, stochastic)
+  if not why and (block_dims != 1 or tuple(tile[-2:]) != (ROWS, LANES)):
+    why = f"blocks of one {LANES}-value row in ({ROWS}, {LANES}) tiles only, not tiles {tile}"
+  if not why and rotation_size not in (0, LANES):
+    why = f"a rotation of {rotation_size} values, not {LANES}"
+  if not why and rotation_size and not matmul_rotation:
+    why = "the rotation is the model's butterflies"
+  return why
 
 
 def quantize_tiles(jnp, y, scales_by_diagonal: bool = False):
@@ -204,6 +222,15 @@ def _lower(
   return lowered.as_text()
 
 
+def _codes_specs(tiles: int, step: int) -> tuple[Spec, Spec]:
+  """The specs of codes [tiles, 8, 128] int8 and their scales [tiles, 8] f32, a block
+  `step` tiles, stepped along the tiles."""
+  return (
+    ((tiles, ROWS, LANES), "int8", (step, ROWS, LANES), lambda s: (s, 0, 0)),
+    ((tiles, ROWS), "float32", (step, ROWS), lambda s: (s, 0)),
+  )
+
+
 class _Part:
   """Part `part` of `parts` of the values' tiles, in column-major tile order (with
   `columns`: a column's tiles top to bottom, then the next column's; else their order):
@@ -229,8 +256,7 @@ class _Part:
       t = (first + s) * step
       return (lax.div(lax.rem(t, per_column), step), lax.div(t, per_column))
 
-    self.codes: Spec = ((self.tiles, ROWS, LANES), "int8", (step, ROWS, LANES), lambda s: (s, 0, 0))
-    self.scales: Spec = ((self.tiles, ROWS), "float32", (step, ROWS), lambda s: (s, 0))
+    self.codes, self.scales = _codes_specs(self.tiles, step)
     self.values_shape = (per_column * ROWS, columns * LANES) if columns else (tiles, ROWS, LANES)
     self.values_block = (step * ROWS, LANES) if columns else (step, ROWS, LANES)
     self.values_index = values_index
@@ -265,11 +291,11 @@ def quantize_module(
   precision = jax.lax.Precision.HIGHEST if element == "float32" else None
 
   def kernel(*refs):
+    # rest: the matrix where rotating, then (after the first part) the values so far.
     x_ref, *rest, codes_ref, scales_ref = refs
-    matrix = rest[:1] if rotate else []
     rows = x_ref[...].reshape(step * ROWS, LANES)
     if rotate:
-      y = jnp.dot(rows, matrix[0][...], preferred_element_type=jnp.float32, precision=precision)
+      y = jnp.dot(rows, rest[0][...], preferred_element_type=jnp.float32, precision=precision)
     else:
       y = rows.astype(jnp.float32)
     codes_ref[...], scales_ref[...] = quantize_tiles(
@@ -310,10 +336,7 @@ def sum_module(target: Target, members: int, tiles: int) -> str:
     ((members, tiles, ROWS, LANES), "int8", (members, step, ROWS, LANES), lambda i: (0, i, 0, 0)),
     ((members, tiles, ROWS), "float32", (members, step, ROWS), lambda i: (0, i, 0)),
   ]
-  outputs = [
-    ((tiles, ROWS, LANES), "int8", (step, ROWS, LANES), lambda i: (i, 0, 0)),
-    ((tiles, ROWS), "float32", (step, ROWS), lambda i: (i, 0)),
-  ]
+  outputs = list(_codes_specs(tiles, step))
   flops = tiles * ROWS * LANES * (2 * members + CODEC_FLOPS)
   return _lower(target, "equarx_sum", kernel, (tiles // step,), inputs, outputs, flops)
 
