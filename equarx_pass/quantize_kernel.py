@@ -218,7 +218,12 @@ def _lower(
     name=name,
     cost_estimate=pl.CostEstimate(flops=flops, transcendentals=0, bytes_accessed=moved),
   )
-  lowered = jax.jit(call).trace(*args).lower(lowering_platforms=(_LOWERING_PLATFORM[target],))
+  # Lowered with no mesh in scope: under a program's jax.set_mesh (explicit axes, as
+  # jax.make_mesh gives them) JAX would shard the call over that mesh, and Mosaic refuses
+  # a kernel it would have to partition.  The kernel runs on each device's share.
+  with jax.set_mesh(None):
+    traced = jax.jit(call).trace(*args)
+    lowered = traced.lower(lowering_platforms=(_LOWERING_PLATFORM[target],))
   return lowered.as_text()
 
 

@@ -82,6 +82,26 @@ def test_kernel_form_equals_tiled_form_bit_for_bit(scheme, dtype, values):
   assert np.isnan(kernel).any() and np.isfinite(kernel).mean() > 0.9
 
 
+def test_kernel_form_under_an_explicit_mesh(values):
+  # jax.set_mesh with explicit axes (jax.make_mesh's default), as flax's gemma runs: the
+  # kernels are lowered with no mesh in scope, else JAX shards them over it.
+  mesh = jax.make_mesh((8,), ("t",))
+  x = jax.device_put(jnp.asarray(values, jnp.bfloat16), jax.NamedSharding(mesh, P("t")))
+  outs = {}
+  with jax.set_mesh(mesh):
+    for form in ("tiled", "kernel"):
+      fn = equarx_pass.jit(lambda a: jnp.sum(a, axis=0), flags=TPU_FORM + "--equarx_form=" + form)
+      outs[form] = np.asarray(fn(x).astype(jnp.float32))
+      (record,) = fn.report.records
+  assert record.reason.endswith(ALL_KERNELS), record.reason
+  _same_bits(outs["kernel"], outs["tiled"])
+  quantize_kernel.sum_module.cache_clear()  # lowered here, not by an earlier test
+  for platform in ("tpu", "cuda"):
+    with jax.set_mesh(mesh):
+      text = quantize_kernel.sum_module(platform, 8, 64 + (platform == "cuda") * 64)
+    assert "sdy.mesh" not in text and "sharding_constraint" not in text
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_kernel_form_without_rotation_equals_model(dtype, values):
   scheme = SCHEMES[1]
