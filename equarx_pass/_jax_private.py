@@ -6,6 +6,7 @@ A JAX upgrade that moves one of these touches only this file.
 from __future__ import annotations
 
 import copy
+import threading
 
 from jax.extend.mlir import ir
 
@@ -233,3 +234,29 @@ def exported_named_shardings(exported) -> tuple[tuple, tuple] | None:
   if not exported._has_named_shardings:
     return None
   return tuple(exported._in_named_shardings), tuple(exported._out_named_shardings)
+
+
+# One compile at a time swaps JAX's cache-key function (compile_uncached).
+_UNCACHED_LOCK = threading.Lock()
+
+
+def compile_uncached(lowered, compiler_options: dict):
+  """lowered.compile(compiler_options=...) with JAX's persistent compilation cache
+  neither read nor written.
+
+  Private: jax._src.compiler._get_cache_key, replaced for the duration of the compile
+  by one that returns None (JAX's own "cache off" answer).  The partitioned route's
+  read compile needs XLA to run, so that it dumps the partitioned program: JAX leaves
+  the dump options out of the cache key, so a cached entry would be served with no
+  dump; and the read compile's cheap executable must not land in the user's cache.
+  The public switch (jax_enable_compilation_cache) is read once per process.
+  """
+  from jax._src import compiler
+
+  with _UNCACHED_LOCK:
+    original = compiler._get_cache_key
+    compiler._get_cache_key = lambda *args, **kwargs: None
+    try:
+      return lowered.compile(compiler_options=compiler_options)
+    finally:
+      compiler._get_cache_key = original

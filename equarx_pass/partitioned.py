@@ -39,7 +39,7 @@ from jax.extend import mlir as jax_mlir
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func, sdy, stablehlo
 
-from equarx_pass import _jax_private, match
+from equarx_pass import _jax_private, match, mhlo_legalize
 from equarx_pass import tpu_aot
 from equarx_pass.errors import RewriteError
 from equarx_pass.policy import Policy
@@ -47,9 +47,18 @@ from equarx_pass.rewrite import RewriteResult, copy_module, rewrite_module, veri
 
 # XLA dumps the module after every pass whose name matches: the SPMD partitioner proper
 # (the pass that inserts the collectives), and the algebraic simplification pipeline
-# that XLA:CPU runs to a fixed point after it (_pick_dump says why).
-PARTITION_PASS = "spmd-partitioning"
+# that XLA:CPU runs to a fixed point after it (_pick_dump says why).  The partitioner's
+# name is the platform's: `spmd-partitioning` in XLA's CPU and GPU pipelines,
+# `tpu-spmd-partitioning` in libtpu's; any pass whose name ends so is taken.
+PARTITION_PASS = r"[\w-]*spmd-partitioning"
 SIMPLIFICATION_PASS = "simplification"
+# Platforms whose read compile (the one that exposes the partitioned program) runs at
+# the lowest execution-time optimization effort: that compile's executable is thrown
+# away, and on TPU its code generation is most of the compile (a MaxText step: the
+# partitioner is done in a few percent of it).  The partitioned program is the same at
+# any effort (tests/test_tpu_partitioned.py compares them).  On CPU the read compile
+# is plain jax.jit's own, reused when nothing is rewritten.
+CHEAP_READ_PLATFORMS = ("tpu",)
 # Symbol of the per-device program inside the rebuilt module.
 PER_DEVICE_MAIN = "equarx_per_device_main"
 PER_DEVICE_PREFIX = "equarx_per_device_"
@@ -59,43 +68,54 @@ class NotPartitionable(Exception):
   """The program cannot take the partitioned route; the message says why.
 
   Not an EquarxError: jit.py catches it and runs the program as plain jax.jit
-  would, with the reason in the site report.
+  would, with the reason in the site report.  `compiled`: plain jax.jit's executable
+  where the read compile already made it, else None.
   """
+
+  compiled: object = None
 
 
 @dataclasses.dataclass
 class PartitionedRewrite:
-  compiled: object  # the first compile (plain jax.jit's executable)
+  compiled: object  # plain jax.jit's executable, where the read compile made it; else None
   result: RewriteResult  # its site records; result.module's functions were moved
   # into `module` (_rebuild), so read the program there
   module: ir.Module | None  # the rebuilt global module; None when nothing was rewritten
   first_compile_seconds: float  # compiling the original to expose its per-device program
   pass_seconds: float  # converting, rewriting and rebuilding
-  compiled_all_reduces: int  # all-reduces in plain jax.jit's compiled program
+  # all-reduces in plain jax.jit's compiled program, where the read compile made it
+  compiled_all_reduces: int | None
 
 
 def rewrite_partitioned(lowered, policy: Policy, topology=None) -> PartitionedRewrite:
   """Compile `lowered` once to get its per-device program, rewrite it, rebuild it.
-  `topology`: the fast domains of its devices (rewrite.rewrite_module)."""
+  `topology`: the fast domains of its devices (rewrite.rewrite_module).
+
+  Raises NotPartitionable with `.compiled` set to the read compile's executable where it
+  is plain jax.jit's own (so that the caller need not compile again)."""
   start = time.perf_counter()
-  compiled, hlo_proto = _compile_and_dump(lowered)
+  compiled, hlo_proto, reusable = _compile_and_dump(lowered)
   first_compile = time.perf_counter() - start
   start = time.perf_counter()
   original = lowered.compiler_ir("stablehlo")
-  mesh_name, mesh = _only_mesh(original)
-  per_device = _per_device_module(hlo_proto, original)
+  try:
+    mesh_name, mesh = _only_mesh(original)
+    per_device = _per_device_module(hlo_proto, original, _jax_private.lowered_platform(lowered))
+  except NotPartitionable as e:
+    e.compiled = compiled if reusable else None
+    raise
   result = rewrite_module(per_device, policy, _jax_private.lowered_platform(lowered), topology)
   module = None
   if result.modified or policy.identity:  # identity: rebuild even with no site selected
     in_shardings, out_shardings = _jax_private.executable_shardings(compiled)
     module = _rebuild(original, result.module, mesh_name, mesh, in_shardings, out_shardings)
   return PartitionedRewrite(
-    compiled,
+    compiled if reusable else None,
     result,
     module,
     first_compile,
     time.perf_counter() - start,
-    count_compiled_all_reduces(compiled),
+    count_compiled_all_reduces(compiled) if reusable else None,
   )
 
 
@@ -108,9 +128,12 @@ def count_compiled_all_reduces(compiled) -> int:
   )
 
 
-def _compile_and_dump(lowered):
+def _compile_and_dump(lowered, cheap: bool | None = None):
   """Compile `lowered` (a fresh executable) and return it with the partitioned program,
-  a serialized HloModuleProto (_pick_dump says which point of XLA's pipeline).
+  a serialized HloModuleProto (_pick_dump says which point of XLA's pipeline), and
+  whether the executable is plain jax.jit's (False: a cheap read compile, whose
+  shardings hold but whose code is not to be run).  `cheap`: whether to read at the
+  lowest effort (default: on CHEAP_READ_PLATFORMS).
 
   The dump is XLA's binary proto, not its text: the text elides constants of more
   than 10 elements (`constant({...})`), which then parse back as garbage, and it
@@ -118,20 +141,30 @@ def _compile_and_dump(lowered):
   """
   platform = _jax_private.lowered_platform(lowered)
   passes = [PARTITION_PASS] + ([SIMPLIFICATION_PASS] if platform == "cpu" else [])
+  if cheap is None:
+    cheap = platform in CHEAP_READ_PLATFORMS
   with tempfile.TemporaryDirectory(prefix="equarx_spmd_") as tmp:
     # rgv3_materialization off: XLA then writes the collectives' groups as device lists
     # (iota or explicit), which the conversion to StableHLO keeps; in its mesh-axes form
     # the conversion drops each collective's device order (see mesh_device_ids).
-    options = {
+    options: dict = {
       "xla_dump_to": tmp,
       "xla_dump_hlo_pass_re": f"^({'|'.join(passes)})$",
       "xla_dump_hlo_as_proto": True,
       "xla_dump_hlo_as_text": False,
       "xla_enable_rgv3_materialization": False,
     }
-    compiled = lowered.compile(compiler_options=options)
-    with open(os.path.join(tmp, _pick_dump(os.listdir(tmp), platform)), "rb") as f:
-      return compiled, hlo_module_of_dump(f.read())
+    if cheap:
+      options["exec_time_optimization_effort"] = -1.0
+    # Never from (or into) JAX's persistent cache: a cached executable comes with no dump.
+    compiled = _jax_private.compile_uncached(lowered, options)
+    try:
+      name = _pick_dump(os.listdir(tmp), platform)
+    except NotPartitionable as e:
+      e.compiled = None if cheap else compiled
+      raise
+    with open(os.path.join(tmp, name), "rb") as f:
+      return compiled, hlo_module_of_dump(f.read()), not cheap
 
 
 # module_0001.jit_f.0007.HLO_passes_through_layout_assignment.after_simplification.before_X.hlo.pb
@@ -156,12 +189,16 @@ def _pick_dump(names: list[str], platform: str) -> str:
   steps: dict[str, list[tuple[int, str]]] = {PARTITION_PASS: [], SIMPLIFICATION_PASS: []}
   for name in names:
     m = _DUMP_NAME.match(name)
-    if m and m.group(2) in steps:
-      steps[m.group(2)].append((int(m.group(1)), name))
+    if not m:
+      continue
+    if re.fullmatch(PARTITION_PASS, m.group(2)):
+      steps[PARTITION_PASS].append((int(m.group(1)), name))
+    elif m.group(2) == SIMPLIFICATION_PASS:
+      steps[SIMPLIFICATION_PASS].append((int(m.group(1)), name))
   if not steps[PARTITION_PASS]:
     raise NotPartitionable(
-      f"XLA ran no {PARTITION_PASS} pass (a single-device program, or a compile "
-      "cache hit); nothing to rewrite"
+      f"XLA's {platform} compiler ran no pass named like '{PARTITION_PASS}' (the SPMD "
+      "partitioner), so the program's partitioned form cannot be read"
     )
   partitioned_at, partitioned_name = max(steps[PARTITION_PASS])
   later = sorted(s for s in steps[SIMPLIFICATION_PASS] if s[0] > partitioned_at)
@@ -225,14 +262,22 @@ def _only_mesh(module: ir.Module):
   return meshes[0]
 
 
-def _per_device_module(proto: bytes, original: ir.Module) -> ir.Module:
+def _per_device_module(proto: bytes, original: ir.Module, platform: str) -> ir.Module:
   """The partitioned program (an HloModuleProto) -> StableHLO in `original`'s context.
 
   The conversion drops the device counts and writes replica groups as
   mesh-axes attributes over a mesh of its own; both are made explicit here so
-  that the functions can move into another module.
+  that the functions can move into another module.  The ops it leaves in MHLO are
+  written in StableHLO (mhlo_legalize); one that cannot be is refused where the
+  rebuilt program compiles through StableHLO (every platform but XLA:CPU).
   """
   module = ir.Module.parse(jax_mlir.hlo_to_stablehlo(proto), context=original.context)
+  left = mhlo_legalize.legalize(module)
+  if left and platform != "cpu":
+    raise NotPartitionable(
+      f"the {platform}-partitioned program holds {', '.join(left)}, which StableHLO "
+      f"cannot express and the {platform} compiler takes StableHLO only"
+    )
   if any(op.operation.name == "sdy.mesh" for op in module.body.operations):
     # Mesh-form groups (XLA writes them despite rgv3 materialization off): their device
     # order is only in XLA's text of the module.
