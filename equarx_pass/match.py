@@ -279,6 +279,10 @@ class Site:
   async_computation: str | None = None  # the async computation it is in, if any
   kind: Kind = "all_reduce"
   dimension: int = 0  # a reduce-scatter's scatter or an all-gather's gather dimension
+  # An all-reduce whose one use slices out each device's own piece (own_piece_slice):
+  # XLA's compiler runs the pair as a reduce-scatter, so natively it sends what a
+  # reduce-scatter sends (plan.py prices it so).
+  scattered: bool = False
 
   @property
   def nbytes(self) -> int:
@@ -601,6 +605,9 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
         return Candidate(scattered, op, layout, make_schedule(site.groups), slice_op)
   if site.kind == "all_reduce" and "all_reduce" not in policy.ops:
     return Skip(site, f"--equarx_ops={','.join(policy.ops)} does not select all-reduces")
+  if site.kind == "all_reduce" and own_piece_slice(op, site) is not None:
+    site = dataclasses.replace(site, scattered=True)
+  assert site.groups is not None
   total = sum(o.size for o in site.operands)
   if site.kind == "all_gather":  # every rank's piece, as a reduce-scatter's operand
     total *= site.group_size

@@ -104,11 +104,12 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:
 
 def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> cost.Traffic:
   """What the native collective sends: an all-reduce's bytes and steps; a reduce-scatter's
-  or an all-gather's, half those of an all-reduce of the whole tensor."""
+  or an all-gather's, half those of an all-reduce of the whole tensor (so is an
+  all-reduce that the compiler makes a reduce-scatter: Site.scattered)."""
   site = cand.site
   assert site.groups is not None
   group = site.groups[0]
-  if site.kind == "all_reduce":
+  if site.kind == "all_reduce" and not site.scattered:
     return cost.native_all_reduce(group, nbytes, itemsize, topology)
   whole = nbytes * len(group) if site.kind == "all_gather" else nbytes
   full = cost.native_all_reduce(group, whole, itemsize, topology)
