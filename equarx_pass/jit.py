@@ -90,10 +90,10 @@ class Report:
   def __str__(self):
     if not self.lowerings:
       return "no lowering yet: call the function or its .lower() first"
-    return "\n\n".join(_format_lowering(low) for low in self.lowerings)
+    return "\n\n".join(format_lowering(low) for low in self.lowerings)
 
 
-def _format_lowering(low: LoweringReport) -> str:
+def format_lowering(low: LoweringReport) -> str:
   title = f"{low.signature} (pass {low.pass_seconds * 1e3:.1f} ms)"
   if low.route == "partitioned":
     title = (
@@ -168,6 +168,8 @@ def _dtype_name(dtype) -> str:
     return str(dtype)
 
 
+# jax.jit as JAX defines it: the launcher (launch.py) replaces the attribute.
+JAX_JIT = jax.jit
 # A traced argument's part of the cache key: such a call is never compiled or cached.
 _TRACED = ("traced",)
 # How many equarx_pass.jit lowerings this thread is inside (their jax.jit traces call the
@@ -210,7 +212,7 @@ class Jitted:
 
   def __init__(self, fun: Callable, policy: Policy, jit_kwargs: dict):
     self._fun = fun
-    self._jitted = jax.jit(fun, **jit_kwargs)
+    self._jitted = JAX_JIT(fun, **jit_kwargs)
     self.policy = policy
     self.report = Report()
     self._static_nums, self._static_names = _static_positions(fun, jit_kwargs)
@@ -219,6 +221,10 @@ class Jitted:
     self._compiled: dict[Any, Any] = {}  # signature -> jax.stages.Compiled
     self._warned: set[str] = set()  # the reasons already warned about
     self._last: tuple[Any, Any] | None = None  # (key, compiled) of the last call
+    # Made by the launcher (launch.py) for a jax.jit the program itself calls: no warning
+    # for a traced call (the caller's jax.jit is wrapped too) or for a program that holds
+    # no collective (a trainer jits many such helpers).
+    self.launched = False
     # updated=(): copying fun.__dict__ would let a wrapped pmap shadow our own fields.
     functools.update_wrapper(self, fun, updated=())
 
@@ -276,7 +282,7 @@ class Jitted:
   def _call_traced(self, args, kwargs):
     """A call under a JAX transformation: traced as jax.jit traces it, nothing rewritten
     (a compiled stage cannot take tracers, and the caller's program is the one lowered)."""
-    if not getattr(_LOWERING, "depth", 0):
+    if not getattr(_LOWERING, "depth", 0) and not self.launched:
       self._warn(
         "traced",
         "called under a JAX transformation (jax.grad, jax.vmap, an outer jax.jit, ...), so "
@@ -314,13 +320,14 @@ class Jitted:
       _LOWERING.depth -= 1
     module = lowered.compiler_ir("stablehlo")
     note = ""
+    compiled = None  # plain jax.jit's executable, where the partitioned read made it
     if self._wants_partitioned(module):
       try:
         return self._rewrite_partitioned(lowered, module, args, kwargs)
       except partitioned.NotPartitionable as e:
         if self.policy.partitioned == "on":
           raise RewriteError(f"--equarx_partitioned=on: {e}") from None
-        note = str(e)
+        note, compiled = str(e), e.compiled
     result = rewrite_module(
       module,
       self.policy,
@@ -332,7 +339,7 @@ class Jitted:
       result.records, result.seconds, tpu, args, kwargs, note=note, topology=result.topology
     )
     if not result.modified:
-      return lowered, None
+      return lowered, compiled
     return _jax_private.lowered_with_module(lowered, result.module), None
 
   def _wants_partitioned(self, module) -> bool:
@@ -379,8 +386,10 @@ class Jitted:
     low = LoweringReport(f"{name}({signature(leaves)})", tuple(records), seconds, tpu, **extra)
     self.report.lowerings.append(low)
     if self.policy.report:
-      print("equarx-pass: " + _format_lowering(low), file=sys.stderr)
+      print("equarx-pass: " + format_lowering(low), file=sys.stderr)
     why = _nothing_rewritten(low, self.policy)
+    if why and self.launched and not low.records and not low.note:
+      why = ""  # a helper with no collective: nothing to say
     if why:
       self._warn(
         why,
