@@ -39,7 +39,7 @@ import numpy as np
 
 from equarx_pass import _jax_private, match, partitioned, report, topology
 from equarx_pass import tpu_aot
-from equarx_pass.errors import EquarxWarning, FlagError, RewriteError
+from equarx_pass.errors import CompileError, EquarxWarning, FlagError, RewriteError
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import SiteRecord, rewrite_module
 
@@ -71,6 +71,9 @@ class LoweringReport:
   # partitioned route: all-reduces in plain jax.jit's compiled program (XLA merges some)
   compiled_all_reduces: int | None = None
   topology: topology.Topology | None = None  # the fast domains the sites were planned on
+  # --equarx_compile_for: why the ahead-of-time compile for that target failed (the
+  # program itself runs on)
+  tpu_error: str = ""
 
 
 class Report:
@@ -113,6 +116,8 @@ def format_lowering(low: LoweringReport) -> str:
     )
   if low.note:
     text += f"\npartitioned route not taken: {low.note}"
+  if low.tpu_error:
+    text += f"\n{low.tpu_error}"
   return text + ("\n" + low.tpu.summary() if low.tpu else "")
 
 
@@ -378,9 +383,17 @@ class Jitted:
     the flag or module."""
     if not self.policy.compile_for or module is None:
       return None
-    return tpu_aot.compare_to_original(str(module), str(original), self.policy.compile_for)
+    try:
+      return tpu_aot.compare_to_original(str(module), str(original), self.policy.compile_for)
+    except CompileError as e:
+      # An inspection, not the run: the program goes on; the report and a warning say
+      # what could not be compiled.
+      return f"--equarx_compile_for={self.policy.compile_for}: not compiled: {e}"
 
   def _record(self, records, seconds, tpu, args, kwargs, **extra) -> None:
+    if isinstance(tpu, str):  # --equarx_compile_for failed (_compile_for_target)
+      extra["tpu_error"], tpu = tpu, None
+      self._warn(extra["tpu_error"], extra["tpu_error"])
     leaves = jax.tree_util.tree_leaves((args, kwargs))
     name = getattr(self._fun, "__name__", "fun")
     low = LoweringReport(f"{name}({signature(leaves)})", tuple(records), seconds, tpu, **extra)

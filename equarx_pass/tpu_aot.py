@@ -54,7 +54,7 @@ class TopologyCompile:
   num_devices: int
   quantized_permutes: int  # collective-permute(-start)s that move s8 data
   permutes: int  # all collective-permute(-start)s
-  all_reduces: int  # all-reduce(-start)s left in the TPU program
+  all_reduces: int  # all-reduce(-start)s left in the TPU program, cross-slice ones included
   quantized_collectives: int  # permutes, all-to-alls and all-gathers that move s8 data
   cost: dict  # the TPU compiler's cost_analysis(), as given
   hlo_text: str = dataclasses.field(repr=False, default="")
@@ -63,6 +63,9 @@ class TopologyCompile:
   # The most device memory the program holds at once (arguments, results and temporaries;
   # libtpu counts a Pallas kernel's operands here and not in temp_bytes), where given.
   peak_bytes: int | None = None
+  # All-reduces across slices: on multislice TPU these compile to host transfers to the
+  # cross-slice runtime (cross_slice_bytes), not to all-reduce instructions.
+  cross_slice_all_reduces: int = 0
   # The program before the rewrite, compiled for the same target (compare_to_original).
   original: TopologyCompile | None = dataclasses.field(repr=False, default=None)
 
@@ -74,6 +77,8 @@ class TopologyCompile:
 
   def summary(self) -> str:
     left = f"{self.all_reduces} all-reduce{'' if self.all_reduces == 1 else 's'} left"
+    if self.cross_slice_all_reduces:
+      left += f" ({self.cross_slice_all_reduces} across slices, as host transfers)"
     if self.all_reduce_shapes:
       left += f" ({', '.join(self.all_reduce_shapes)})"
       # The tiled forms' all-gather of the f32 scales, which the TPU compiler implements
@@ -168,7 +173,7 @@ def compare_to_original(
 
 def count_collectives(hlo_text: str) -> dict:
   """Collective instructions of an HLO module text, by what they move."""
-  permutes = quantized = all_reduces = quantized_collectives = 0
+  permutes = quantized = all_reduces = quantized_collectives = cross_slice = 0
   shapes = []
   for line in hlo_text.splitlines():
     _, eq, rhs = line.partition(" = ")
@@ -184,10 +189,13 @@ def count_collectives(hlo_text: str) -> dict:
     elif " all-reduce(" in rhs or " all-reduce-start(" in rhs:
       all_reduces += 1
       shapes.append(rhs.split("{", 1)[0].split(" ", 1)[0])
+    elif _is_cross_slice_all_reduce(rhs):
+      cross_slice += 1
   return {
     "permutes": permutes,
     "quantized_permutes": quantized,
-    "all_reduces": all_reduces,
+    "all_reduces": all_reduces + cross_slice,
+    "cross_slice_all_reduces": cross_slice,
     "quantized_collectives": quantized_collectives,
     "all_reduce_shapes": shapes,
   }
@@ -197,6 +205,16 @@ def count_collectives(hlo_text: str) -> dict:
 _HLO_BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2}
 _TRANSFER = re.compile(r"= \(([a-z0-9]+)\[([0-9,]*)\]")
 _TRANSFER_TYPE = re.compile(r'_xla_megascale_transfer_type="(\w+)"')
+
+
+def _is_cross_slice_all_reduce(rhs: str) -> bool:
+  """A host transfer that sends one all-reduce's operand to the cross-slice runtime (its
+  -done half and the matching recv are the same all-reduce)."""
+  return (
+    " send(" in rhs
+    and "is_host_transfer=true" in rhs
+    and '_xla_megascale_transfer_type="ALL_REDUCE"' in rhs
+  )
 
 
 def cross_slice_bytes(hlo_text: str, num_slices: int) -> float:

@@ -130,3 +130,27 @@ def test_one_slice_is_fast_links_only():
   [record] = result.records
   assert record.decision == "skipped" and record.reason.startswith("fast links only")
   assert result.topology.source == "one TPU slice" and result.tpu.all_reduces >= 1
+
+
+def test_compile_for_never_stops_the_run():
+  """--equarx_compile_for is an inspection: a target the program cannot compile for (8
+  devices, v5e:2x2 has 4) is reported and warned about, and the call runs as it would
+  without the flag."""
+  import jax
+  import numpy as np
+  from jax.sharding import NamedSharding
+
+  import equarx_pass
+  from equarx_pass.errors import EquarxWarning
+
+  mesh = jax.make_mesh((8,), ("x",))
+  spec = jax.sharding.PartitionSpec("x")
+  f = jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=spec, out_specs=spec)
+  flags = "--equarx_enable --equarx_min_bytes=0 --equarx_compile_for=tpu:v5e:2x2"
+  fn = equarx_pass.jit(f, flags=flags)
+  x = jax.device_put(np.arange(8 * 4096, dtype=np.float32), NamedSharding(mesh, spec))
+  with pytest.warns(EquarxWarning, match="not compiled: .*runs on 8 devices"):
+    out = fn(x)
+  np.testing.assert_allclose(out, jax.jit(f)(x), rtol=0.05, atol=0.05 * float(np.abs(x).max()))
+  [low] = fn.report.lowerings
+  assert low.tpu is None and "not compiled" in str(fn.report)
