@@ -121,43 +121,6 @@ def collectives_alone(jax, n: int, values: int, algorithm: str):
   return program.lower(*args).compiler_ir("stablehlo")
 
 
-def estimated_cycles(hlo_text: str) -> float:
-  """Sum of estimated_cycles over the entry computation, loop bodies x trip count."""
-  comps, current, name = {}, None, None
-  for line in hlo_text.splitlines():
-    m = re.match(r"^(ENTRY )?%(\S+) .*\{$", line)
-    if m:
-      name = "ENTRY" if m.group(1) else m.group(2)
-      current = comps.setdefault(name, [])
-      continue
-    if line.startswith("}"):
-      current = None
-      continue
-    if current is not None:
-      current.append(line)
-
-  def own_cycles(lines):
-    return sum(float(c) for l in lines for c in re.findall(r'"estimated_cycles":"(\d+)"', l))
-
-  def trip_count(cond):
-    consts = [int(c) for l in comps.get(cond, []) for c in re.findall(r"constant\((\d+)\)", l)]
-    lt = any("direction=LT" in l for l in comps.get(cond, []))
-    return consts[0] if lt and len(consts) == 1 else 1
-
-  def total(comp, depth=0):
-    lines = comps.get(comp, [])
-    cycles = own_cycles(lines)
-    if depth > 8:
-      return cycles
-    for l in lines:
-      m = re.search(r"condition=%([^,\s]+), body=%([^,\s]+)", l)
-      if m:
-        cycles += trip_count(m.group(1)) * total(m.group(2), depth + 1)
-    return cycles
-
-  return total("ENTRY")
-
-
 # Instructions that do no work of their own between an async collective's start and done.
 _NO_WORK = ("get-tuple-element", "tuple", "bitcast", "parameter", "constant", "-start", "-done")
 
@@ -332,7 +295,7 @@ def main() -> int:
             peak_bytes=tc.peak_bytes,
             flops=tc.cost.get("flops"),
             bytes_accessed=tc.cost.get("bytes accessed"),
-            est_cycles=estimated_cycles(tc.hlo_text),
+            est_cycles=tpu_aot.estimated_cycles(tc.hlo_text),
             top_instructions=top_instructions(tc.hlo_text),
             overlap=overlap(tc.hlo_text),
           )
