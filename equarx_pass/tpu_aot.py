@@ -254,7 +254,8 @@ def estimated_cycles(hlo_text: str) -> float:
   Instructions are summed as if run one after the other (the compiler's other estimate,
   cost_analysis()'s optimal_seconds, may overlap them), and a Pallas kernel's own work is
   not in it (its custom call carries no estimate)."""
-  comps, current, name = {}, None, None
+  comps: dict[str, list[str]] = {}
+  current: list[str] | None = None
   for line in hlo_text.splitlines():
     m = re.match(r"^(ENTRY )?%(\S+) .*\{$", line)
     if m:
