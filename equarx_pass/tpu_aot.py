@@ -227,10 +227,28 @@ def cross_slice_bytes(hlo_text: str, num_slices: int) -> float:
   ALL_TO_ALL (S-1)/S B (the parts bound for other slices), an ALL_GATHER of a result of
   R bytes (S-1)/S R (its own part once to every other slice); any other host transfer,
   its B bytes.
+
+  Per run of the program: a transfer inside a while loop's body counts once per iteration
+  (hlo_text.executions; a loop whose trip count the text does not give raises
+  hlo_text.UnknownTripCount).  Text with no computation headers (a fragment) is counted
+  as it is.
   """
+  from equarx_pass import hlo_text as hlo
+
+  comps, entry = hlo.split_computations(hlo_text)
+  if entry is None:
+    return _transfer_bytes(hlo_text.splitlines(), num_slices)
+  runs = hlo.executions(hlo_text)
+  return sum(
+    runs[name] * _transfer_bytes(lines, num_slices) for name, lines in comps.items() if name in runs
+  )
+
+
+def _transfer_bytes(lines, num_slices: int) -> float:
+  """cross_slice_bytes of the instructions `lines`, each counted once."""
   share = (num_slices - 1) / num_slices
   total = 0.0
-  for line in hlo_text.splitlines():
+  for line in lines:
     if "is_host_transfer=true" not in line or "-done" in line.split("=")[0]:
       continue
     sends, receives = " send(" in line, " recv(" in line

@@ -1,0 +1,110 @@
+"""Reading a compiled program's XLA HLO text: its computations, and how many times one run
+of the program executes each (while loops' trip counts).
+
+What a compiled TPU program sends between slices is written as instructions of its
+computations; a scanned model's per-layer collectives sit in a while loop's body (XLA
+peels one iteration into the caller), so what one run sends is each computation's
+instructions times the runs of that computation.
+"""
+
+from __future__ import annotations
+
+import re
+
+_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{\s*$")
+_NAME = r"%?([\w.\-]+)"
+
+
+class UnknownTripCount(ValueError):
+  """A while loop whose trip count the text does not give in a form read here."""
+
+
+def split_computations(text: str) -> tuple[dict[str, list[str]], str | None]:
+  """HLO module text -> ({computation name: its lines}, the entry computation's name)."""
+  comps: dict[str, list[str]] = {}
+  name = entry = None
+  for line in text.splitlines():
+    found = _HEADER.match(line)
+    if found and not line.startswith(" "):
+      name = found.group(2)
+      comps[name] = []
+      if found.group(1):
+        entry = name
+    elif name is not None:
+      comps[name].append(line)
+  return comps, entry
+
+
+def _definitions(lines: list[str]) -> dict[str, str]:
+  defs = {}
+  for line in lines:
+    lhs, eq, rhs = line.strip().removeprefix("ROOT ").partition(" = ")
+    if eq:
+      defs[lhs.lstrip("%")] = rhs
+  return defs
+
+
+def _search(pattern: str, text: str, what: str) -> re.Match:
+  found = re.search(pattern, text)
+  if found is None:
+    raise UnknownTripCount(f"{what}: not found in {text[:200]!r}")
+  return found
+
+
+def trip_count(comps: dict[str, list[str]], caller: list[str], line: str) -> int:
+  """Iterations of the while loop `line` (an instruction of computation `caller`): XLA's
+  known_trip_count where given, else from its condition (the induction variable LT or LE
+  a constant) and the induction variable's constant start in the loop's initial tuple."""
+  known = re.search(r'"known_trip_count":\{"n":"(\d+)"', line)
+  if known:
+    return int(known.group(1))
+  cond = _definitions(comps[_search(r"condition=" + _NAME, line, "condition").group(1)])
+  compare = next((rhs for rhs in cond.values() if " compare(" in rhs), None)
+  if compare is None:
+    raise UnknownTripCount("the loop's condition holds no compare")
+  a, b = _search(r"compare\(" + _NAME + r", " + _NAME + r"\)", compare, "compare").groups()
+  direction = _search(r"direction=(\w+)", compare, "direction").group(1)
+  if direction not in ("LT", "LE") or a not in cond or b not in cond:
+    raise UnknownTripCount(f"a loop condition of direction {direction}")
+  index = int(_search(r"get-tuple-element\(" + _NAME + r"\), index=(\d+)", cond[a], "gte").group(2))
+  limit = int(_search(r" constant\((-?\d+)\)", cond[b], "limit").group(1))
+  defs = _definitions(caller)
+  operand = _search(r" while\(" + _NAME + r"\)", line, "operand").group(1)
+  elements_text = _search(r"tuple\((.*)\)", defs.get(operand, ""), "initial tuple").group(1)
+  elements = re.sub(r"/\*index=\d+\*/", "", elements_text).split(",")
+  name = elements[index].strip().lstrip("%")
+  for _ in range(16):  # through copies and bitcasts to the constant
+    start = re.search(r" constant\((-?\d+)\)", defs.get(name, ""))
+    if start:
+      return limit - int(start.group(1)) + (1 if direction == "LE" else 0)
+    name = _search(
+      r" (?:copy|bitcast|convert)\(" + _NAME + r"\)", defs.get(name, ""), "start"
+    ).group(1)
+  raise UnknownTripCount("the induction variable's start is no constant")
+
+
+def executions(text: str) -> dict[str, int]:
+  """How many times one run of the module runs each computation reached from its entry
+  (while bodies: their trip count; conditions: one more; fusions, calls, reductions and
+  branches: their caller's).  Raises UnknownTripCount."""
+  comps, entry = split_computations(text)
+  counts: dict[str, int] = {}
+
+  def visit(name: str, times: int) -> None:
+    counts[name] = counts.get(name, 0) + times
+    for line in comps[name]:
+      if " while(" in line:
+        n = trip_count(comps, comps[name], line)
+        visit(_search(r"body=" + _NAME, line, "body").group(1), times * n)
+        visit(_search(r"condition=" + _NAME, line, "condition").group(1), times * (n + 1))
+        continue
+      callees = re.findall(r"(?:calls|to_apply)=" + _NAME, line)
+      for group in re.findall(r"branch_computations=\{([^}]*)\}", line):
+        callees += [c.strip().lstrip("%") for c in group.split(",")]
+      for callee in callees:
+        if callee in comps:
+          visit(callee, times)
+
+  if entry is not None:
+    visit(entry, 1)
+  return counts
