@@ -119,7 +119,11 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
   if isinstance(decision, match.Skip):
     after, verdict, reason = before, "skipped", decision.reason
   elif policy.identity:
-    native = "a native reduce-scatter" if sliced else f"the native {_op_name(site.kind)}"
+    native = (
+      "the native all-reduce, each rank's piece sliced as recognised"
+      if sliced
+      else f"the native {_op_name(site.kind)}"
+    )
     after, reason = before, f"identity: {native}, rebuilt"
   else:
     assert route is not None
