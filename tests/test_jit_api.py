@@ -280,6 +280,36 @@ def test_one_lowering_per_input_signature():
   assert len(w.report.lowerings) == 4
 
 
+def test_outputs_fed_back_keep_one_lowering():
+  """On a mesh of explicit axes (jax.make_mesh's default) a step's outputs carry
+  NamedSharding(P(None, None)) where its inputs had P(): the same sharding as jax.jit's
+  lowering sees it, so fed back they hit the cache."""
+  mesh = jax.make_mesh((8,), ("x",))
+
+  def put(array, *spec):
+    return jax.device_put(array, NamedSharding(mesh, P(*spec)))
+
+  def local(w, x):
+    return w - 1e-3 * jax.lax.psum(x.T @ (x @ w), "x"), x
+
+  step = jax.shard_map(local, mesh=mesh, in_specs=(P(), P("x")), out_specs=(P(), P("x")))
+  w = equarx_pass.jit(step, flags=ON)
+  first = (put(np.eye(16, dtype=np.float32)), put(data(16), "x"))
+  state = first
+  for _ in range(4):
+    state = w(*state)
+  assert state[0].sharding.spec != first[0].sharding.spec  # another spec, fed back
+  assert len(w.report.lowerings) == 1 and rewritten(w)
+  again = w(*first)  # the first spec again, after the fed-back one: still cached
+  assert len(w.report.lowerings) == 1
+  assert_bits_equal(again[0], w.lower(*first).compile()(*first)[0])
+  # A sharding that means another thing is another program.
+  psum = equarx_pass.jit(PSUM, flags=ON)
+  x = data()
+  assert_bits_equal(psum(jax.device_put(x, SHARDED)), psum(jax.device_put(x, REPLICATED)))
+  assert len(psum.report.lowerings) == 2
+
+
 # --- jax.jit keyword arguments ---------------------------------------------------
 
 
