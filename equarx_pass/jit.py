@@ -431,7 +431,12 @@ class Jitted:
     why = _nothing_rewritten(low, self.policy)
     if why and self.launched and not low.records and not low.note:
       why = ""  # a helper with no collective: nothing to say
-    if why:
+    if why and self.policy.identity:
+      self._warn(
+        why,
+        f"--equarx_identity checked no site in {low.signature}: {why}{_every_site(self.policy)}",
+      )
+    elif why:
       self._warn(
         why,
         f"--equarx_enable is set but nothing was rewritten in {low.signature}: "
@@ -489,6 +494,21 @@ def _nothing_rewritten(low: LoweringReport, policy: Policy) -> str:
   )
   more = f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
   return f"all {len(low.records)} sites skipped: {listed}{more}"
+
+
+# The flags that make --equarx_identity check every site --equarx_ops selects.
+EVERY_SITE_FLAGS = "--equarx_force --equarx_min_bytes=0"
+
+
+def _every_site(policy: Policy) -> str:
+  """How to have identity check the sites the cost model or the size floor left out ("" when
+  it already checks them all)."""
+  if policy.force and policy.min_bytes == 0:
+    return ""
+  return (
+    f"; add {EVERY_SITE_FLAGS} to check every site --equarx_ops selects, whatever the cost "
+    "model predicts"
+  )
 
 
 def _user_level() -> int:

@@ -231,6 +231,7 @@ def policies(draw):
     compile_for=draw(st.sampled_from(["", "tpu:v5e:2x2", "tpu:v4:2x2x1"])),
     partitioned=draw(st.sampled_from(policy_lib.PARTITIONED_MODES)),
     outline=draw(st.sampled_from(policy_lib.OUTLINE_MODES)),
+    identity=draw(st.booleans()),  # turns enable on
   )
   try:
     return equarx_pass.Policy(**fields)
@@ -253,6 +254,28 @@ def test_policy_round_trips_through_flags(p):
 def test_default_policy_has_empty_flags():
   assert equarx_pass.Policy().to_flags() == ""
   assert equarx_pass.Policy.from_flags("") == equarx_pass.Policy()
+
+
+def test_identity_alone_turns_the_pass_on():
+  """--equarx_identity is a check of the pass: without --equarx_enable it would check
+  nothing and pass.  With --equarx_force --equarx_min_bytes=0 it checks every site."""
+  assert equarx_pass.Policy.from_flags("--equarx_identity").enable
+  x = data()
+  every = equarx_pass.jit(PSUM, flags="--equarx_identity --equarx_force --equarx_min_bytes=0")
+  assert_bits_equal(every(x), jax.jit(PSUM)(x))
+  [record] = every.report.records
+  assert record.rewritten and record.route == "identity", str(every.report)
+  alone = equarx_pass.jit(PSUM, flags="--equarx_identity")
+  with pytest.warns(
+    equarx_pass.EquarxWarning,
+    match="--equarx_identity checked no site.*add --equarx_force --equarx_min_bytes=0",
+  ):
+    alone(x)  # 1200 bytes a device: under the default size floor
+  assert len(alone.report.lowerings) == 1
+  with pytest.raises(equarx_pass.FlagError, match="--noequarx_identity"):
+    equarx_pass.Policy.from_flags("--equarx_identity --noequarx_enable")
+  off = equarx_pass.Policy.from_flags("--noequarx_enable --noequarx_identity", base=every.policy)
+  assert not off.enable
 
 
 # --- caching ---------------------------------------------------------------------
