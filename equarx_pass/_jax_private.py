@@ -114,6 +114,22 @@ def array_type() -> type:
   return ArrayImpl
 
 
+def sharding_meaning(sharding, ndim: int) -> tuple:
+  """What jax.jit's lowering cache compares of an argument's sharding: its HLO sharding
+  for `ndim` dimensions, its devices in order and its memory kind.  Two shardings that
+  agree on these (NamedSharding P() and P(None, None), say) lower to the same program.
+
+  Private: Sharding._to_xla_hlo_sharding and Sharding._device_assignment, what
+  jax._src.interpreters.pxla.SemanticallyEqualShardings and the device assignment key
+  jax.jit's lowering by.
+  """
+  return (
+    sharding._to_xla_hlo_sharding(ndim),
+    tuple(sharding._device_assignment),
+    sharding.memory_kind,
+  )
+
+
 def compiled_call(compiled):
   """What runs a jax.stages.Compiled that has been called once: its C++ fast path
   where JAX made one, else the Compiled itself.

@@ -212,6 +212,27 @@ def _leaf_key(x) -> Any:
   return (type(x).__name__,)  # Python scalars: one trace per type, as jax.jit does
 
 
+def _meaning(key: tuple) -> tuple:
+  """A call's cache key as jax.jit's lowering cache compares it: each sharding by what it
+  does (_jax_private.sharding_meaning), so that equivalent shardings share one lowering.
+
+  A step's outputs fed back carry NamedSharding(mesh, P(None, None)) where its inputs had
+  P(): another key, the same program.  Only a call whose key is new pays for this.
+  """
+  return key[:-1] + (tuple([_leaf_meaning(entry) for entry in key[-1]]),)
+
+
+def _leaf_meaning(entry: tuple) -> tuple:
+  """One entry of _leaf_keys with its sharding, if it has one, by meaning."""
+  if len(entry) == 2:  # a concrete jax.Array: (aval, sharding)
+    aval, sharding = entry
+    return (aval, _jax_private.sharding_meaning(sharding, aval.ndim))
+  if len(entry) == 4 and entry[3] is not None:  # another array with a sharding
+    shape, dtype, weak_type, sharding = entry
+    return (shape, dtype, weak_type, _jax_private.sharding_meaning(sharding, len(shape)))
+  return entry
+
+
 class Jitted:
   """The object equarx_pass.jit returns; behaves as the jax.jit object it wraps."""
 
@@ -222,8 +243,10 @@ class Jitted:
     self.report = Report()
     self._static_nums, self._static_names = _static_positions(fun, jit_kwargs)
     self._has_static = bool(self._static_nums or self._static_names)
+    # Keyed by _meaning(key): one lowering per signature as jax.jit sees it.
     self._lowered: dict[Any, Any] = {}  # signature -> jax.stages.Lowered (rewritten)
     self._compiled: dict[Any, Any] = {}  # signature -> jax.stages.Compiled
+    self._by_key: dict[Any, Any] = {}  # each call key seen -> its signature's Compiled
     self._warned: set[str] = set()  # the reasons already warned about
     self._last: tuple[Any, Any] | None = None  # (key, compiled) of the last call
     # Made by the launcher (launch.py) for a jax.jit the program itself calls: no warning
@@ -274,12 +297,16 @@ class Jitted:
     last = self._last
     if last is not None and last[0] == key:
       return last[1](*dyn_args, **dyn_kwargs)
-    compiled = self._compiled.get(key)
+    compiled = self._by_key.get(key)
     if compiled is None:
       if _TRACED in key[-1]:
         return self._call_traced(args, kwargs)
-      compiled = self._lower(key, args, kwargs).compile()
-      self._compiled[key] = compiled
+      meaning = _meaning(key)
+      compiled = self._compiled.get(meaning)
+      if compiled is None:
+        compiled = self._lower(meaning, args, kwargs).compile()
+        self._compiled[meaning] = compiled
+      self._by_key[key] = compiled
     out = compiled(*dyn_args, **dyn_kwargs)
     self._last = (key, _jax_private.compiled_call(compiled))
     return out
@@ -305,15 +332,16 @@ class Jitted:
     """
     if not self.policy.enable:
       return self._jitted.lower(*args, **kwargs)
-    return self._lower(self.split_arguments(args, kwargs)[2], args, kwargs)
+    return self._lower(_meaning(self.split_arguments(args, kwargs)[2]), args, kwargs)
 
-  def _lower(self, key, args, kwargs):
-    lowered = self._lowered.get(key)
+  def _lower(self, meaning, args, kwargs):
+    """The Lowered of the signature `meaning` (_meaning of the call's key), made once."""
+    lowered = self._lowered.get(meaning)
     if lowered is None:
       lowered, compiled = self._lower_and_rewrite(args, kwargs)
-      self._lowered[key] = lowered
+      self._lowered[meaning] = lowered
       if compiled is not None:
-        self._compiled.setdefault(key, compiled)
+        self._compiled.setdefault(meaning, compiled)
     return lowered
 
   def _lower_and_rewrite(self, args, kwargs):
@@ -403,7 +431,12 @@ class Jitted:
     why = _nothing_rewritten(low, self.policy)
     if why and self.launched and not low.records and not low.note:
       why = ""  # a helper with no collective: nothing to say
-    if why:
+    if why and self.policy.identity:
+      self._warn(
+        why,
+        f"--equarx_identity checked no site in {low.signature}: {why}{_every_site(self.policy)}",
+      )
+    elif why:
       self._warn(
         why,
         f"--equarx_enable is set but nothing was rewritten in {low.signature}: "
@@ -423,6 +456,7 @@ class Jitted:
   def clear_cache(self) -> None:
     self._lowered.clear()
     self._compiled.clear()
+    self._by_key.clear()
     self._last = None
     self._jitted.clear_cache()  # type: ignore[attr-defined]  # jax.jit's wrapper has it
 
@@ -460,6 +494,21 @@ def _nothing_rewritten(low: LoweringReport, policy: Policy) -> str:
   )
   more = f"; and {len(reasons) - 3} other reasons" if len(reasons) > 3 else ""
   return f"all {len(low.records)} sites skipped: {listed}{more}"
+
+
+# The flags that make --equarx_identity check every site --equarx_ops selects.
+EVERY_SITE_FLAGS = "--equarx_force --equarx_min_bytes=0"
+
+
+def _every_site(policy: Policy) -> str:
+  """How to have identity check the sites the cost model or the size floor left out ("" when
+  it already checks them all)."""
+  if policy.force and policy.min_bytes == 0:
+    return ""
+  return (
+    f"; add {EVERY_SITE_FLAGS} to check every site --equarx_ops selects, whatever the cost "
+    "model predicts"
+  )
 
 
 def _user_level() -> int:

@@ -594,7 +594,8 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
     if reason:
       return Skip(site, reason)
   assert site.groups is not None  # _check_supported_groups skips sites without
-  # Under --equarx_identity too: identity takes this route and emits a native reduce-scatter.
+  # Under --equarx_identity too: identity takes this route and emits the all-reduce and a
+  # slice of the piece recognised here (site_patterns.emit_native).
   if site.kind == "all_reduce" and "reduce_scatter" in policy.ops:
     piece = own_piece_slice(op, site)
     if piece is not None:

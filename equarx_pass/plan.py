@@ -155,14 +155,14 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   )
   grows = _sends_more(route)
   loses = grows or _predicted_loss(prediction, route, topology)
+  # A rewrite that sends more is a loss whatever the time model says: no prediction beside
+  # it, left native or forced (it would read as a win for a tiny site's latency).
+  kept = None if grows else prediction
   if loses and not policy.force:
-    # A rewrite that sends more is left native whatever the time model says: no
-    # prediction beside it (it would read as a win for a tiny site's latency).
-    kept = None if grows else prediction
     return Skip(decision.site, f"{loses}; left native (--equarx_force rewrites it)", route, kept)
   if policy.identity:
     route = Route("identity", route.native, route.native, 0, route.note)
-  return dataclasses.replace(decision, route=route, prediction=prediction, forced_over=loses or "")
+  return dataclasses.replace(decision, route=route, prediction=kept, forced_over=loses or "")
 
 
 def _kernel_priced(policy: Policy) -> bool:

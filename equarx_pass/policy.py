@@ -98,7 +98,8 @@ class Policy:
   calibration_clip: float = 0.0  # > 0: static range = min(range, this x rms) per feature
   # A check of the route, not a speed-up: every site the run would rewrite is planned as
   # it would be and rebuilt (the partitioned program around it) with its native
-  # collective, so the result must equal plain jax.jit's bit for bit.
+  # collective, so the result must equal plain jax.jit's bit for bit.  It turns the pass
+  # on by itself (__post_init__): a check that silently did nothing would pass.
   identity: bool = False
   platform: Platform = "auto"  # where the program runs
   form: Form = "auto"  # the emitted form
@@ -119,6 +120,8 @@ class Policy:
   slow_link_bandwidth: float = 0.0
 
   def __post_init__(self):
+    if self.identity and not self.enable:
+      object.__setattr__(self, "enable", True)  # frozen; identity implies the pass
     if self.min_bytes < 0:
       raise FlagError(f"--equarx_min_bytes must be >= 0, got {self.min_bytes}")
     if self.unroll_min_bytes < 0:
@@ -605,8 +608,10 @@ FLAGS = {
       "equarx_identity",
       "identity",
       _parse_bool,
-      "a faithfulness check: every route as usual, but each selected all-reduce stays the "
-      "native op, so results equal plain `jax.jit`'s bit for bit",
+      "a faithfulness check, which turns the pass on by itself: every route as usual, but "
+      "each site the run would rewrite stays the native op, so results equal plain "
+      "`jax.jit`'s bit for bit; with `--equarx_force --equarx_min_bytes=0` it checks every "
+      "site `--equarx_ops` selects, whatever the cost model predicts",
     ),
   ]
 }
@@ -647,4 +652,9 @@ def apply_flags(policy: Policy, flags: str) -> Policy:
       changes[flag.field] = False
     else:
       changes[flag.field] = flag.parse(name, text)
+  if changes.get("enable") is False and changes.get("identity", policy.identity):
+    raise FlagError(
+      "--noequarx_enable with --equarx_identity: the identity check turns the pass on; "
+      "add --noequarx_identity to turn both off"
+    )
   return dataclasses.replace(policy, **changes)  # type: ignore[arg-type]  # per-flag types

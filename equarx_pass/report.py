@@ -18,6 +18,9 @@ def fmt_bytes(n: int) -> str:
   return f"{n} B"
 
 
+# The column of the cost model's speed-up: what the model believes, named as such.
+MODEL_COLUMN = "model speed-up"
+
 # Locations longer than this keep their source line and the end of the op's name path,
 # where the layer and the op are.
 LOCATION_WIDTH = 72
@@ -39,13 +42,15 @@ def _ratio(before: float, after: float) -> str:
 def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) -> str:
   """A fixed-width table of the records, with totals.  With a topology (topology.py), the
   bytes are split by link class (slow first: what crosses domains) and each rewritten
-  site shows the cost model's predicted speed-up."""
+  site shows the cost model's speed-up (cost.py): an estimate, not a measurement, and
+  none where the rewrite sends more bytes than the native collective (the plan counts
+  that a loss whatever the time model says)."""
   split = topology is not None and any(r.traffic_before is not None for r in records)
   wire: tuple[str, ...]
   cells: tuple[str, ...]
   if split:
     slow, fast = topology.slow.name, topology.fast.name
-    wire = (f"{slow} before", f"{slow} after", f"{fast} before", f"{fast} after", "predicted")
+    wire = (f"{slow} before", f"{slow} after", f"{fast} before", f"{fast} after", MODEL_COLUMN)
   else:
     wire = ("wire before", "wire after", "ratio")
   header = ("#", "location", "shape", "dtype", "group", "decision", *wire, "why")

@@ -53,7 +53,8 @@ class SiteRecord:
   kind: match.Kind = "all_reduce"  # what it is rewritten as
   found_as: match.Kind = "all_reduce"  # the op in the program (an all-reduce may be sliced)
   # Per link class (topology.py), bytes one device sends natively and rewritten, and the
-  # cost model's predicted speed-up (cost.py); None where no route was planned.
+  # cost model's speed-up (cost.py); None where no route was planned, or where the rewrite
+  # sends more bytes than the native collective (plan.decide).
   traffic_before: cost.Traffic | None = None
   traffic_after: cost.Traffic | None = None
   speedup: float | None = None
@@ -119,7 +120,11 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
   if isinstance(decision, match.Skip):
     after, verdict, reason = before, "skipped", decision.reason
   elif policy.identity:
-    native = "a native reduce-scatter" if sliced else f"the native {_op_name(site.kind)}"
+    native = (
+      "the native all-reduce, each rank's piece sliced as recognised"
+      if sliced
+      else f"the native {_op_name(site.kind)}"
+    )
     after, reason = before, f"identity: {native}, rebuilt"
   else:
     assert route is not None
@@ -131,9 +136,11 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
       reason = f"hierarchical ({levels}: native inside each domain, {reason} across)"
     elif route.note:
       reason += f"; {route.note}"
-    reason += _more_bytes_note(route)
-    if isinstance(decision, match.Candidate) and decision.forced_over:
-      reason += f"; forced (--equarx_force): {decision.forced_over}"
+    forced_over = decision.forced_over if isinstance(decision, match.Candidate) else ""
+    if forced_over:  # says what the plan would have done, the bytes sent among it
+      reason += f"; forced (--equarx_force): {forced_over}"
+    else:
+      reason += _more_bytes_note(route)
     if flat_why is None:
       reason += _tile_order_note(decision, policy, route) + "; tiled form"
     elif not policy.calibration:

@@ -24,7 +24,7 @@ from equarx_pass import hierarchical, match, plan
 from equarx_pass.all_gather import emit_all_gather
 from equarx_pass.calibrated.outlier_emit import CalibratedPlan, emit_calibrated_allreduce
 from equarx_pass.forms import Pieces, SitePlan
-from equarx_pass.hlo_builder import ChannelAllocator
+from equarx_pass.hlo_builder import ChannelAllocator, Emitter
 from equarx_pass.policy import Policy
 from equarx_pass.quantize_kernel import QuantizeKernels
 from equarx_pass.topology import Topology
@@ -99,7 +99,9 @@ class IdentityPattern:
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
     # Never outlined: a call boundary keeps the rounding of a bf16 operand that XLA:CPU
     # may skip inline (excess precision), and the native op needs no call.
-    what = "a native reduce-scatter" if cand.slice_op is not None else "the native collective"
+    what = (
+      "the native all-reduce and slice" if cand.slice_op is not None else "the native collective"
+    )
     return Replacement(
       functools.partial(emit_native, cand), what, "rerun without --equarx_identity", False
     )
@@ -255,29 +257,34 @@ def pattern_for(cand: match.Candidate) -> SitePattern:
 
 
 def emit_native(cand: match.Candidate, operands: list[ir.Value]) -> list[ir.Value]:
-  """--equarx_identity: the site's collective itself, on `operands`: a copy of the op; for
-  an all-reduce and the slice of each rank's piece (taken as a reduce-scatter), one native
-  reduce-scatter over the recognised dimension and the all-reduce's groups, so that a
-  recognition that named the wrong pieces gives other results than plain jax.jit."""
+  """--equarx_identity: the site's collective itself, on `operands`: a copy of the op.
+
+  For an all-reduce and the slice of each rank's piece (taken as a reduce-scatter): a copy
+  of the all-reduce and a new slice of the piece the recognition names for each rank (its
+  dimension and groups; the rank's offset looked up by device id), so that a recognition
+  that named the wrong pieces gives other results than plain jax.jit.  Not one native
+  reduce-scatter: XLA:CPU lays a reduce-scatter over any dimension but the first out
+  with that dimension major, and a fused reduction that reads its result then sums in
+  another order than the same reduction over the slice (BUILD_NOTES, "Faithfulness
+  decisions")."""
   op = cand.op
+  new = op.clone()
+  for i, value in enumerate(operands):
+    new.operands[i] = value
   if cand.slice_op is None:
-    new = op.clone()
-    for i, value in enumerate(operands):
-      new.operands[i] = value
     return list(new.results)
-  attrs = op.attributes
-  result_type = cand.slice_op.results[0].type
-  (operand,) = operands
-  scatter = hlo.ReduceScatterOp(
-    result_type,
-    operand,
-    cand.site.dimension,
-    attrs["replica_groups"],
-    channel_handle=attrs["channel_handle"] if "channel_handle" in attrs else None,
-    use_global_device_ids=True if "use_global_device_ids" in attrs else None,
-  )
-  scalar = ir.RankedTensorType.get([], ir.RankedTensorType(result_type).element_type)
-  block = scatter.regions[0].blocks.append(scalar, scalar)
-  with ir.InsertionPoint(block):
-    hlo.ReturnOp([hlo.AddOp(block.arguments[0], block.arguments[1]).result])
-  return [scatter.result]
+  site = cand.site
+  assert site.groups is not None  # a recognised piece has its groups
+  em = Emitter()
+  shape = ir.RankedTensorType(cand.slice_op.results[0].type).shape
+  piece = shape[site.dimension]
+  position = np.zeros(site.num_devices, np.int32)
+  for group in site.groups:
+    for rank, member in enumerate(group):
+      position[member] = rank * piece
+  device_id = hlo.PartitionIdOp() if site.device_kind == "partition" else hlo.ReplicaIdOp()
+  device = em.convert(device_id.result, em.i32)
+  start = em.reshape(em.dynamic_slice(em.const(position, em.i32), [device], [1]), ())
+  zero = em.i32_scalar(0)
+  starts = [start if d == site.dimension else zero for d in range(len(shape))]
+  return [em.dynamic_slice(new.results[0], starts, shape)]

@@ -231,6 +231,7 @@ def policies(draw):
     compile_for=draw(st.sampled_from(["", "tpu:v5e:2x2", "tpu:v4:2x2x1"])),
     partitioned=draw(st.sampled_from(policy_lib.PARTITIONED_MODES)),
     outline=draw(st.sampled_from(policy_lib.OUTLINE_MODES)),
+    identity=draw(st.booleans()),  # turns enable on
   )
   try:
     return equarx_pass.Policy(**fields)
@@ -253,6 +254,28 @@ def test_policy_round_trips_through_flags(p):
 def test_default_policy_has_empty_flags():
   assert equarx_pass.Policy().to_flags() == ""
   assert equarx_pass.Policy.from_flags("") == equarx_pass.Policy()
+
+
+def test_identity_alone_turns_the_pass_on():
+  """--equarx_identity is a check of the pass: without --equarx_enable it would check
+  nothing and pass.  With --equarx_force --equarx_min_bytes=0 it checks every site."""
+  assert equarx_pass.Policy.from_flags("--equarx_identity").enable
+  x = data()
+  every = equarx_pass.jit(PSUM, flags="--equarx_identity --equarx_force --equarx_min_bytes=0")
+  assert_bits_equal(every(x), jax.jit(PSUM)(x))
+  [record] = every.report.records
+  assert record.rewritten and record.route == "identity", str(every.report)
+  alone = equarx_pass.jit(PSUM, flags="--equarx_identity")
+  with pytest.warns(
+    equarx_pass.EquarxWarning,
+    match="--equarx_identity checked no site.*add --equarx_force --equarx_min_bytes=0",
+  ):
+    alone(x)  # 1200 bytes a device: under the default size floor
+  assert len(alone.report.lowerings) == 1
+  with pytest.raises(equarx_pass.FlagError, match="--noequarx_identity"):
+    equarx_pass.Policy.from_flags("--equarx_identity --noequarx_enable")
+  off = equarx_pass.Policy.from_flags("--noequarx_enable --noequarx_identity", base=every.policy)
+  assert not off.enable
 
 
 # --- caching ---------------------------------------------------------------------
@@ -278,6 +301,36 @@ def test_one_lowering_per_input_signature():
   w.clear_cache()
   w(x)
   assert len(w.report.lowerings) == 4
+
+
+def test_outputs_fed_back_keep_one_lowering():
+  """On a mesh of explicit axes (jax.make_mesh's default) a step's outputs carry
+  NamedSharding(P(None, None)) where its inputs had P(): the same sharding as jax.jit's
+  lowering sees it, so fed back they hit the cache."""
+  mesh = jax.make_mesh((8,), ("x",))
+
+  def put(array, *spec):
+    return jax.device_put(array, NamedSharding(mesh, P(*spec)))
+
+  def local(w, x):
+    return w - 1e-3 * jax.lax.psum(x.T @ (x @ w), "x"), x
+
+  step = jax.shard_map(local, mesh=mesh, in_specs=(P(), P("x")), out_specs=(P(), P("x")))
+  w = equarx_pass.jit(step, flags=ON)
+  first = (put(np.eye(16, dtype=np.float32)), put(data(16), "x"))
+  state = first
+  for _ in range(4):
+    state = w(*state)
+  assert state[0].sharding.spec != first[0].sharding.spec  # another spec, fed back
+  assert len(w.report.lowerings) == 1 and rewritten(w)
+  again = w(*first)  # the first spec again, after the fed-back one: still cached
+  assert len(w.report.lowerings) == 1
+  assert_bits_equal(again[0], w.lower(*first).compile()(*first)[0])
+  # A sharding that means another thing is another program.
+  psum = equarx_pass.jit(PSUM, flags=ON)
+  x = data()
+  assert_bits_equal(psum(jax.device_put(x, SHARDED)), psum(jax.device_put(x, REPLICATED)))
+  assert len(psum.report.lowerings) == 2
 
 
 # --- jax.jit keyword arguments ---------------------------------------------------

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import equarx_pass
-from equarx_pass import match, outline
+from equarx_pass import match, outline, report
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo
 
@@ -304,14 +304,20 @@ def test_hlo_text_fixture_keeps_the_partition_count():
 def test_padding_that_costs_bytes_is_left_native_unless_forced():
   """Grid layout + rotation pads each 4096-value chunk to 131072 values: the rewrite would
   send more than the native all-reduce, so the site stays native with the reason; forced,
-  it is rewritten and the report says what it costs."""
+  it is rewritten and the report says what it costs, once, with no model speed-up beside
+  it (the latency of fewer steps would read as a win for a rewrite that sends more)."""
   grid = "--equarx_enable --equarx_block_layout=grid"
   (record,) = transform("tp_mlp_f32.mlir", grid).records
-  assert record.decision == "skipped"
+  assert record.decision == "skipped" and record.speedup is None
   assert record.reason.startswith("sends 8.25x the native bytes across domains (padding to")
   (forced,) = transform("tp_mlp_f32.mlir", grid + " --equarx_force").records
   assert forced.rewritten and forced.bytes_after > forced.bytes_before
-  assert "; sends 8.25x the native bytes across domains" in forced.reason
+  assert "; forced (--equarx_force): sends 8.25x the native bytes across domains" in forced.reason
+  assert forced.reason.count("the native bytes") == 1 and forced.speedup is None
+  forced_run = transform("tp_mlp_f32.mlir", grid + " --equarx_force")
+  lines = report.format_table(forced_run.records, topology=forced_run.topology).splitlines()
+  header, row = lines[1], lines[3]
+  assert row[header.index(report.MODEL_COLUMN) :].startswith("- ")
   plain = transform("tp_mlp_f32.mlir", "--equarx_enable").records[0]
   assert "sends" not in plain.reason and plain.bytes_after < plain.bytes_before
 

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
         {
           "slow link GB/s": gbps or "default",
           "bytes per device": benchlib.fmt_bytes(nbytes),
-          "predicted": f"{record.speedup:.2f}x" if record.speedup else "-",
+          "model speed-up": f"{record.speedup:.2f}x" if record.speedup else "-",
           "decision": "rewritten" if record.rewritten else "left native",
           "route": record.route or "-",
         }
