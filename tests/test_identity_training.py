@@ -577,8 +577,8 @@ def test_a_wrong_rebuild_is_caught(monkeypatch, injection, name):
   prog = CORPUS[name]
   read = partitioned._per_device_module
 
-  def wrong(proto, original):
-    module = read(proto, original)
+  def wrong(proto, original, platform):
+    module = read(proto, original, platform)
     injection(module)
     return module
 
