@@ -204,6 +204,17 @@ def called_functions(module: ir.Module) -> list[ir.Operation]:
   return [op for name, op in functions.items() if name in seen]
 
 
+def function_name(function: ir.Operation) -> str:
+  """A func.func's symbol name."""
+  return _name(function)
+
+
+def referenced_functions(op: ir.Operation) -> list[str]:
+  """The symbols `op`'s attributes name (a call's callee, a custom call's computations)."""
+  attrs = op.attributes
+  return [n for i in range(len(attrs)) for n in _symbol_names(attrs[i].attr)]
+
+
 def _symbol_names(attr: ir.Attribute) -> list[str]:
   if isinstance(attr, ir.FlatSymbolRefAttr):
     return [attr.value]

@@ -35,6 +35,21 @@ def _fit(location: str, width: int) -> str:
   return f"{where} ...{name[-(width - len(where) - 4) :]}"
 
 
+def _runs(record: SiteRecord) -> int:
+  """The times one run of the program executes the site; a loop of unknown trip count
+  counts once (and _loop_note says so)."""
+  return record.runs if record.runs is not None else 1
+
+
+def _loop_note(record: SiteRecord) -> str:
+  """The why column's prefix for a site in a loop: its bytes are per run of the program."""
+  if record.runs is None:
+    return "in a loop of unknown trip count, bytes counted once; "
+  if record.runs != 1:
+    return f"runs {record.runs}x a call (a loop), bytes for all; "
+  return ""
+
+
 def _ratio(before: float, after: float) -> str:
   return f"{before / after:.2f}x" if after else "-"
 
@@ -58,12 +73,13 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
   for r in records:
     if split:
       b, a = r.traffic_before, r.traffic_after
+      n = _runs(r)
       cells = (
         (
-          fmt_bytes(round(b.slow)),
-          fmt_bytes(round(a.slow)),
-          fmt_bytes(round(b.fast)),
-          fmt_bytes(round(a.fast)),
+          fmt_bytes(round(n * b.slow)),
+          fmt_bytes(round(n * a.slow)),
+          fmt_bytes(round(n * b.fast)),
+          fmt_bytes(round(n * a.fast)),
         )
         if b is not None and a is not None
         else ("-",) * 4
@@ -71,7 +87,7 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
       cells += (f"{r.speedup:.2f}x" if r.speedup is not None and r.route != "identity" else "-",)
     else:
       ratio = _ratio(r.bytes_before, r.bytes_after) if r.rewritten else "-"
-      cells = (fmt_bytes(r.bytes_before), fmt_bytes(r.bytes_after), ratio)
+      cells = (fmt_bytes(_runs(r) * r.bytes_before), fmt_bytes(_runs(r) * r.bytes_after), ratio)
     rows.append(
       (
         str(r.index),
@@ -81,7 +97,7 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
         f"{r.group_size}x{r.num_groups}",
         r.decision,
         *cells,
-        r.reason,
+        _loop_note(r) + r.reason,
       )
     )
   widths = [
@@ -107,15 +123,15 @@ def _summary(records: Sequence[SiteRecord], topology) -> str:
   if topology is not None and all(r.traffic_before is not None for r in done):
     parts = []
     for name, field in ((topology.slow.name, "slow"), (topology.fast.name, "fast")):
-      before = sum(getattr(r.traffic_before, field) for r in done)
-      after = sum(getattr(r.traffic_after, field) for r in done)
+      before = sum(_runs(r) * getattr(r.traffic_before, field) for r in done)
+      after = sum(_runs(r) * getattr(r.traffic_after, field) for r in done)
       if before or after:
         parts.append(
           f"{name} {fmt_bytes(round(before))} -> {fmt_bytes(round(after))}{_change(before, after)}"
         )
     return text + "; bytes per device: " + ", ".join(parts)
-  before = sum(r.bytes_before for r in done)
-  after = sum(r.bytes_after for r in done)
+  before = sum(_runs(r) * r.bytes_before for r in done)
+  after = sum(_runs(r) * r.bytes_after for r in done)
   return (
     text
     + f"; wire bytes per rank {fmt_bytes(before)} -> {fmt_bytes(after)}{_change(before, after)}"

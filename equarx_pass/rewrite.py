@@ -22,7 +22,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import cost, forms, match, outline, plan, quantize_kernel, site_patterns
+from equarx_pass import cost, forms, loops, match, outline, plan, quantize_kernel, site_patterns
 from equarx_pass import topology as topology_lib
 from equarx_pass.calibrated import calibration, outlier
 from equarx_pass.hlo_builder import ChannelAllocator
@@ -58,7 +58,13 @@ class SiteRecord:
   traffic_before: cost.Traffic | None = None
   traffic_after: cost.Traffic | None = None
   speedup: float | None = None
-  route: str = ""  # "flat", "hierarchical", "identity"; "" when not planned
+  route: str = (
+    ""  # How many times one run of the program executes the site (the while loops around it,
+  )
+  # loops.py); None: inside a loop whose trip count is not read.  The report's bytes are
+  # per run of the program: a site's, times this.
+  runs: int | None = 1
+  # "flat", "hierarchical", "identity"; "" when not planned
 
   @property
   def rewritten(self) -> bool:
@@ -242,7 +248,11 @@ def rewrite_module(
   decisions = [
     plan.decide(match.match(op, i, facts, policy), policy, topology) for i, op in enumerate(ops)
   ]
-  records = [_record(d, policy, flat_why) for d in decisions]
+  runs_of = loops.runs_in(out)
+  records = [
+    dataclasses.replace(_record(d, policy, flat_why), runs=runs_of(op))
+    for d, op in zip(decisions, ops)
+  ]
   candidates = [d for d in decisions if isinstance(d, match.Candidate)]
   calibrated: dict[int, CalibratedPlan] = {}
   if not policy.identity:

@@ -7,6 +7,7 @@ process (libtpu can abort a process instead of raising)."""
 
 import json
 import os
+import re
 import sys
 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -18,7 +19,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import equarx_pass  # noqa: E402
-from equarx_pass import _jax_private, partitioned  # noqa: E402
+from equarx_pass import _jax_private, hlo_text, partitioned  # noqa: E402
 from equarx_pass.examples import fsdp_step  # noqa: E402
 from equarx_pass.tpu_aot import cross_slice_bytes  # noqa: E402
 
@@ -39,9 +40,63 @@ def weight_gradient(mesh):
   return jax.grad(loss), (w, x), S(None, "ici")
 
 
+def scanned_gradient(mesh, layers: int = 6):
+  """Layers under jax.lax.scan, as scanned models are written: each layer's weight
+  gradient is all-reduced across slices inside the backward loop's body."""
+  S = lambda *spec: NamedSharding(mesh, P(*spec))  # noqa: E731
+  w = jax.ShapeDtypeStruct((layers, 1024, 1024), jnp.float32, sharding=S(None, None, "ici"))
+  x = jax.ShapeDtypeStruct((64, 1024), jnp.float32, sharding=S(("dcn", "ici")))
+
+  def loss(w, x):
+    def layer(h, wl):
+      h = jax.lax.with_sharding_constraint(h, S(("dcn", "ici"), None))
+      return jnp.tanh(h @ wl), None
+
+    return jnp.mean(jax.lax.scan(layer, x, w)[0] ** 2)
+
+  return jax.grad(loss), (w, x), S(None, None, "ici")
+
+
 def partitioned_text(lowered, cheap: bool) -> str:
   _, proto, _ = partitioned._compile_and_dump(lowered, cheap=cheap)
   return _jax_private.hlo_proto_to_text(proto)
+
+
+_COLLECTIVE = re.compile(
+  r"= (\S+) (all-reduce|all-gather|reduce-scatter|all-to-all|collective-permute)\(.*?"
+  r"(replica_groups=\S+|source_target_pairs=\S+)"
+)
+
+
+def canonical(text: str) -> list[str]:
+  """The text with every instruction and computation name replaced by its order of first
+  appearance (names differ between compiles that do the same)."""
+  names: dict[str, str] = {}
+  return [
+    re.sub(r"%[\w.\-]+", lambda m: names.setdefault(m.group(0), f"%v{len(names)}"), line)
+    for line in text.splitlines()
+  ]
+
+
+def collectives_per_run(text: str) -> list:
+  """(type, op, groups) of every collective, each with the times one run executes it."""
+  comps, _ = hlo_text.split_computations(text)
+  runs = hlo_text.executions(text)
+  found: dict[tuple, int] = {}
+  for name, lines in comps.items():
+    for line in lines:
+      m = _COLLECTIVE.search(line)
+      if m:
+        found[m.groups()] = found.get(m.groups(), 0) + runs.get(name, 0)
+  return sorted([*key, n] for key, n in found.items())
+
+
+def same_partitioned_program(lowered) -> dict:
+  cheap, default = partitioned_text(lowered, True), partitioned_text(lowered, False)
+  return {
+    "same_text": canonical(cheap) == canonical(default),
+    "same_collectives": collectives_per_run(cheap) == collectives_per_run(default),
+  }
 
 
 def measure(fun, args, out_shardings) -> dict:
@@ -55,8 +110,9 @@ def measure(fun, args, out_shardings) -> dict:
     "note": low.note,
     "native": counted_native,
     "counted": cross_slice_bytes(compiled.as_text(), 2),
-    "before": sum(r.traffic_before.slow for r in low.records if r.traffic_before),
-    "after": sum(r.traffic_after.slow for r in low.records if r.traffic_after),
+    "before": sum(r.runs * r.traffic_before.slow for r in low.records if r.traffic_before),
+    "after": sum(r.runs * r.traffic_after.slow for r in low.records if r.traffic_after),
+    "runs": [r.runs for r in low.records],
     "sites": [
       {
         "decision": r.decision,
@@ -65,7 +121,7 @@ def measure(fun, args, out_shardings) -> dict:
       }
       for r in low.records
     ],
-    "same_partitioned_program": partitioned_text(native, True) == partitioned_text(native, False),
+    **same_partitioned_program(native),
   }
 
 
@@ -78,6 +134,8 @@ def main() -> int:
     out[f"fsdp_{name}"] = measure(step, args, fsdp_step.out_shardings(mesh))
   fun, args, shardings = weight_gradient(mesh)
   out["weight_gradient"] = measure(fun, args, shardings)
+  fun, args, shardings = scanned_gradient(mesh)
+  out["scanned"] = measure(fun, args, shardings)
   print(json.dumps(out))
   return 0
 
