@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import hashlib
 import inspect
 import os
 import sys
@@ -246,6 +247,8 @@ class Jitted:
     # Keyed by _meaning(key): one lowering per signature as jax.jit sees it.
     self._lowered: dict[Any, Any] = {}  # signature -> jax.stages.Lowered (rewritten)
     self._compiled: dict[Any, Any] = {}  # signature -> jax.stages.Compiled
+    # (the lowered module's digest, device ids) -> _lower_and_rewrite's result
+    self._by_program: dict[Any, Any] = {}
     self._by_key: dict[Any, Any] = {}  # each call key seen -> its signature's Compiled
     self._warned: set[str] = set()  # the reasons already warned about
     self._last: tuple[Any, Any] | None = None  # (key, compiled) of the last call
@@ -345,13 +348,31 @@ class Jitted:
     return lowered
 
   def _lower_and_rewrite(self, args, kwargs):
-    """(the Lowered to run, an executable of it already compiled or None)."""
+    """(the Lowered to run, an executable of it already compiled or None).
+
+    A new signature whose lowering is a program already rewritten (the same StableHLO
+    on the same devices) gets that program's result: jax.jit, too, compiles such a
+    program once (its compile cache is keyed by the module).  So it is with arguments
+    that differ only in what their types carry beyond the program, such as the abstract
+    mesh of a replicated array made outside `jax.set_mesh` and the same array as a
+    step's output."""
     _LOWERING.depth = getattr(_LOWERING, "depth", 0) + 1
     try:
       lowered = self._jitted.lower(*args, **kwargs)
     finally:
       _LOWERING.depth -= 1
     module = lowered.compiler_ir("stablehlo")
+    program = (
+      hashlib.sha256(str(module).encode()).digest(),
+      tuple(d.id for d in _jax_private.lowered_devices(lowered)),
+    )
+    done = self._by_program.get(program)
+    if done is None:
+      done = self._by_program[program] = self._rewrite_lowering(lowered, module, args, kwargs)
+    return done
+
+  def _rewrite_lowering(self, lowered, module, args, kwargs):
+    """_lower_and_rewrite of a program not seen before."""
     note = ""
     compiled = None  # plain jax.jit's executable, where the partitioned read made it
     if self._wants_partitioned(module):
@@ -457,6 +478,7 @@ class Jitted:
     self._lowered.clear()
     self._compiled.clear()
     self._by_key.clear()
+    self._by_program.clear()
     self._last = None
     self._jitted.clear_cache()  # type: ignore[attr-defined]  # jax.jit's wrapper has it
 

@@ -1,6 +1,7 @@
 """equarx_pass.jit behaves as jax.jit: decorator forms, keyword arguments, caching, flags."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import assume, given, settings
@@ -331,6 +332,36 @@ def test_outputs_fed_back_keep_one_lowering():
   x = data()
   assert_bits_equal(psum(jax.device_put(x, SHARDED)), psum(jax.device_put(x, REPLICATED)))
   assert len(psum.report.lowerings) == 2
+
+
+def test_a_new_signature_of_the_same_program_is_not_rewritten_again(monkeypatch):
+  """Under jax.set_mesh, a replicated array put from another jax.Array carries an empty
+  abstract mesh in its type, and the step's output the mesh's (flax NNX's rng counters):
+  a new signature, but jax.jit lowers the same program for it and compiles it once.  So
+  does equarx_pass.jit: one rewrite, one report entry, no second compile."""
+  from equarx_pass import partitioned
+
+  mesh = jax.make_mesh((8,), ("x",))
+  reads = []
+  read = partitioned.rewrite_partitioned
+  monkeypatch.setattr(
+    partitioned, "rewrite_partitioned", lambda *a, **k: reads.append(1) or read(*a, **k)
+  )
+
+  def step(count, x):
+    return count + 1, jnp.sum(x * x, axis=0)
+
+  with jax.set_mesh(mesh):
+    count = jax.device_put(jnp.uint32(0), NamedSharding(mesh, P()))
+    x = jax.device_put(data(), NamedSharding(mesh, P("x")))
+    fn = equarx_pass.jit(step, flags=ON)
+    for _ in range(3):
+      count, y = fn(count, x)
+  assert len(fn._lowered) == 2  # two signatures (the counter's type changed) ...
+  assert len(fn.report.lowerings) == 1 and len(reads) == 1  # ... one program
+  assert int(count) == 3 and rewritten(fn)
+  want = np.asarray(jax.jit(step)(count, x)[1])
+  np.testing.assert_allclose(y, want, atol=0.05 * np.abs(want).max())
 
 
 # --- jax.jit keyword arguments ---------------------------------------------------
