@@ -37,6 +37,9 @@ def run(tmp_path, flags, *launch_args, program=PROGRAM):
   script = tmp_path / "train.py"
   script.write_text(program)
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+  # `-m MODULE` finds the module as `python -m` would: from the working directory, or
+  # (under PYTHONSAFEPATH, as CI runs) from PYTHONPATH.
+  env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
   env.pop("EQUARX_FLAGS", None)
   if flags is not None:
     env["EQUARX_FLAGS"] = flags
