@@ -268,44 +268,22 @@ def _transfer_bytes(lines, num_slices: int) -> float:
 
 def estimated_cycles(hlo_text: str) -> float:
   """Sum of the per-instruction "estimated_cycles" the TPU compiler writes into a compiled
-  program's HLO, over the entry computation, while-loop bodies times their trip count.
-  Instructions are summed as if run one after the other (the compiler's other estimate,
-  cost_analysis()'s optimal_seconds, may overlap them), and a Pallas kernel's own work is
-  not in it (its custom call carries no estimate)."""
-  comps: dict[str, list[str]] = {}
-  current: list[str] | None = None
-  for line in hlo_text.splitlines():
-    m = re.match(r"^(ENTRY )?%(\S+) .*\{$", line)
-    if m:
-      name = "ENTRY" if m.group(1) else m.group(2)
-      current = comps.setdefault(name, [])
-      continue
-    if line.startswith("}"):
-      current = None
-      continue
-    if current is not None:
-      current.append(line)
+  program's HLO, each computation's times the runs of it in one run of the program (while
+  bodies: their trip count, hlo_text.executions).  Instructions are summed as if run one
+  after the other (the compiler's other estimate, cost_analysis()'s optimal_seconds, may
+  overlap them), and a Pallas kernel's own work is not in it (its custom call carries no
+  estimate)."""
+  from equarx_pass import hlo_text as hlo
 
-  def own_cycles(lines):
-    return sum(float(c) for l in lines for c in re.findall(r'"estimated_cycles":"(\d+)"', l))
+  comps, _ = hlo.split_computations(hlo_text)
+  runs = hlo.executions(hlo_text)
+  return sum(
+    runs.get(name, 0) * sum(float(c) for line in lines for c in _CYCLES.findall(line))
+    for name, lines in comps.items()
+  )
 
-  def trip_count(cond):
-    consts = [int(c) for l in comps.get(cond, []) for c in re.findall(r"constant\((\d+)\)", l)]
-    lt = any("direction=LT" in l for l in comps.get(cond, []))
-    return consts[0] if lt and len(consts) == 1 else 1
 
-  def total(comp, depth=0):
-    lines = comps.get(comp, [])
-    cycles = own_cycles(lines)
-    if depth > 8:
-      return cycles
-    for l in lines:
-      m = re.search(r"condition=%([^,\s]+), body=%([^,\s]+)", l)
-      if m:
-        cycles += trip_count(m.group(1)) * total(m.group(2), depth + 1)
-    return cycles
-
-  return total("ENTRY")
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 
 
 def _compile_in_this_process(module_text: str, target: str) -> dict:
