@@ -1,6 +1,6 @@
 """Run a Python program with its jax.jit functions going through the pass, unedited.
 
-    EQUARX_FLAGS="--equarx_enable" python -m equarx_pass.launch -m MaxText.train CONFIG ...
+    EQUARX_FLAGS="--equarx_enable" python -m equarx_pass.launch -m maxtext.trainers.pre_train.train ...
     EQUARX_FLAGS="--equarx_enable" equarx-run train.py --steps 10
 
 For trainers nobody here wrote (MaxText, a framework's example): the launcher replaces
@@ -30,7 +30,8 @@ from typing import Callable
 
 import jax
 
-from equarx_pass.jit import JAX_JIT, Jitted, format_lowering
+from equarx_pass import report
+from equarx_pass.jit import JAX_JIT, Jitted
 from equarx_pass.errors import FlagError
 from equarx_pass.policy import Policy
 
@@ -59,22 +60,14 @@ def install(policy: Policy) -> list[Jitted]:
   return made
 
 
-def uninstall() -> None:
-  jax.jit = JAX_JIT
-
-
 def summary(made: list[Jitted]) -> str:
   """One line per lowering that held collectives: its sites and bytes, from the report."""
-  lines = []
-  for jitted in made:
-    for low in jitted.report.lowerings:
-      if low.records:
-        last = format_lowering(low).strip().splitlines()
-        summary_line = next(
-          (line for line in reversed(last) if " sites rewritten" in line), last[-1]
-        )
-        lines.append(f"equarx-run: {low.signature}: {summary_line}")
-  return "\n".join(lines)
+  return "\n".join(
+    f"equarx-run: {low.signature}: {report.summary(low.records, low.topology)}"
+    for jitted in made
+    for low in jitted.report.lowerings
+    if low.records
+  )
 
 
 def main(argv: list[str] | None = None) -> int:

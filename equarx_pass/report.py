@@ -110,11 +110,15 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
   lines.append(fmt.format(*header).rstrip())
   lines.append("  ".join("-" * w for w in widths))
   lines.extend(fmt.format(*row).rstrip() for row in rows)
-  lines.append(_summary(records, topology if split else None))
+  lines.append(summary(records, topology))
   return "\n".join(lines)
 
 
-def _summary(records: Sequence[SiteRecord], topology) -> str:
+def summary(records: Sequence[SiteRecord], topology=None) -> str:
+  """The table's last line: sites rewritten and the bytes they send before and after, per
+  link class where the records have them (else the wire bytes)."""
+  if not any(r.traffic_before is not None for r in records):
+    topology = None
   done = [r for r in records if r.rewritten]
   noun = "all-reduce" if all(r.kind == "all_reduce" for r in records) else "collective"
   text = f"{len(done)} of {len(records)} {noun} sites rewritten"
