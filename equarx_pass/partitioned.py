@@ -55,9 +55,10 @@ SIMPLIFICATION_PASS = "simplification"
 # Platforms whose read compile (the one that exposes the partitioned program) runs at
 # the lowest execution-time optimization effort: that compile's executable is thrown
 # away, and on TPU its code generation is most of the compile (a MaxText step: the
-# partitioner is done in a few percent of it).  The partitioned program is the same at
-# any effort (tests/test_tpu_partitioned.py compares them).  On CPU the read compile
-# is plain jax.jit's own, reused when nothing is rewritten.
+# partitioner is done in a few percent of it).  The partitioned program sends the same
+# at any effort: the same text, or for a scanned loop one iteration not peeled out
+# (tests/test_tpu_partitioned.py compares them).  On CPU the read compile is plain
+# jax.jit's own, reused when nothing is rewritten.
 CHEAP_READ_PLATFORMS = ("tpu",)
 # Symbol of the per-device program inside the rebuilt module.
 PER_DEVICE_MAIN = "equarx_per_device_main"
