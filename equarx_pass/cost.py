@@ -141,22 +141,12 @@ def native_inside(per_domain: int, nbytes: int, dtype_bytes: int, platform: str)
 
 
 def quantized_flat(
-  group: Sequence[int], wire_bytes: int, steps: int, topology: Topology, ring: bool
+  group: Sequence[int], wire_bytes: int, steps: int, topology: Topology, crossing: float
 ) -> Traffic:
   """The quantized all-reduce over the whole group: `wire_bytes` per device in `steps`
-  collective steps, split by where the bytes go.  A ring sends everything to its
-  neighbour (group order).  A two-shot sends half its bytes in an all-to-all, a piece to
-  every other member, and half in an all-gather, which a collective that spans domains
-  moves across them once per remote domain, not once per remote member (XLA across TPU
-  slices; counted from compiled programs, tools/bench_multislice.py)."""
-  n = len(group)
-  domain = [topology.domain_of(d) for d in group]
-  if ring:
-    slow = wire_bytes * sum(domain[r] != domain[(r + 1) % n] for r in range(n)) / n
-  else:
-    remote_members = sum(a != b for a in domain for b in domain) / n
-    remote_domains = len(set(domain)) - 1
-    slow = wire_bytes / 2 * (remote_members + remote_domains) / (n - 1)
+  collective steps, the share `crossing` of them across domains (what the algorithm
+  declares for the group's domains: Algorithm.crossing_share)."""
+  slow = wire_bytes * crossing
   return Traffic(
     fast=wire_bytes - slow,
     slow=slow,

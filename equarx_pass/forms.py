@@ -405,7 +405,7 @@ class TiledSite:
 
   def finish_pieces(self, codes: ir.Value, scales: ir.Value) -> list[ir.Value]:
     """An all-gather's end: every rank's codes and scales, in group order -> the result."""
-    return [self._from_rows(self._dequantize(codes, scales), self.layout.group_size)]
+    return [self._from_rows(self.dequantize(codes, scales), self.layout.group_size)]
 
   def exchange(
     self,
@@ -474,7 +474,12 @@ class TiledSite:
       # Codes in the kernels' column order need the dequantize kernel (which takes
       # whatever the quantize kernel took).
       assert not self._columns, "the kernel form declined to dequantize an operand"
-      values = self._dequantize(codes, scales)
+      values = self.dequantize(codes, scales)
+    return self._results(values)
+
+  def finish_values(self, values: ir.Value) -> list[ir.Value]:
+    """f32 values of all N chunks, in chunk order and rotated back -> the results (an
+    algorithm that ends in values, not codes: algorithms/one_shot.py)."""
     return self._results(values)
 
   def _results(self, values: ir.Value) -> list[ir.Value]:
@@ -523,7 +528,7 @@ class TiledSite:
       em, codes, scales, element, inverse, self._columns, into, self._part, self.parts
     )
 
-  def _dequantize(self, codes: ir.Value, scales: ir.Value) -> ir.Value:
+  def dequantize(self, codes: ir.Value, scales: ir.Value) -> ir.Value:
     """Codes and scales -> f32 values, rotated back where the scheme rotates."""
     em = self.em
     if self.size:

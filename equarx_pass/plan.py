@@ -23,9 +23,11 @@ import dataclasses
 from typing import Callable
 
 from equarx_pass import cost, hierarchical, quantize_kernel
+from equarx_pass.algorithms.two_shot import TWO_SHOT
 from equarx_pass.layout import make_schedule
 from equarx_pass.match import Candidate, Decision, Skip
 from equarx_pass.policy import DTYPE_BYTES, Policy
+from equarx_pass.scheme import Scheme
 from equarx_pass.topology import Topology, split_groups
 
 
@@ -38,6 +40,15 @@ class Route:
   rewritten: cost.Traffic
   quantized_values: int  # operand values that enter the quantized all-reduce
   note: str = ""  # why the route was taken over a better one, for the report
+  # The scheme the site gets where it is not the policy's (a fallback algorithm:
+  # FALLBACK_ALGORITHMS); site_scheme() gives the one to emit.
+  scheme: Scheme | None = None
+
+
+def site_scheme(cand: Candidate, policy: Policy) -> Scheme:
+  """The scheme a planned candidate is emitted with."""
+  route = cand.route
+  return route.scheme if route is not None and route.scheme is not None else policy.scheme
 
 
 def _operand_bytes(cand: Candidate) -> tuple[int, int]:
@@ -47,7 +58,9 @@ def _operand_bytes(cand: Candidate) -> tuple[int, int]:
   return sum(o.size * b for o, b in zip(site.operands, sizes)), max(sizes)
 
 
-def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route | None:
+def _hierarchical(
+  cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme
+) -> Route | None:
   site = cand.site
   if policy.hierarchy == "flat" or policy.calibration:
     return None  # (the calibrated scheme's scales are per device: it stays flat)
@@ -56,7 +69,6 @@ def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route 
   if isinstance(levels, str) or levels.per_domain < 2:
     return None
   nbytes, itemsize = _operand_bytes(cand)
-  scheme = policy.scheme
   k, s = levels.per_domain, levels.domains
   values = sum(o.size for o in site.operands)
   note = f"levels={s}x{k}"
@@ -64,8 +76,8 @@ def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route 
   if site.kind == "all_reduce":
     layout = scheme.layout(-(-values // k), s)
     inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
-    across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(policy, s))
-    return Route("hierarchical", native, inside + across, -(-values // k), note)
+    across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(scheme, s))
+    return Route("hierarchical", native, inside + across, -(-values // k), note, scheme)
   if isinstance(hierarchical.piece_order(site.groups, levels), str):
     return None
   # Half of an all-reduce inside (a native reduce-scatter or all-gather of the whole
@@ -76,30 +88,31 @@ def _hierarchical(cand: Candidate, policy: Policy, topology: Topology) -> Route 
   half = cost.native_inside(k, whole, itemsize, topology.platform)
   inside = cost.Traffic(fast=half.fast / 2, fast_steps=1)
   across = cost.Traffic(
-    slow=scheme.wire_bytes(layout, site.kind), slow_steps=max(1, _steps(policy, s) // 2)
+    slow=scheme.wire_bytes(layout, site.kind), slow_steps=max(1, _steps(scheme, s) // 2)
   )
-  return Route("hierarchical", native, inside + across, whole_values // k, note)
+  return Route("hierarchical", native, inside + across, whole_values // k, note, scheme)
 
 
-def _flat(cand: Candidate, policy: Policy, topology: Topology) -> Route:
+def _flat(cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme) -> Route:
   site = cand.site
   assert site.groups is not None
   group = site.groups[0]
   nbytes, itemsize = _operand_bytes(cand)
-  scheme = policy.scheme
   wire = scheme.wire_bytes(cand.layout, site.kind)
-  ring = scheme.algorithm != "two_shot" and site.kind != "all_gather"
+  # An all-gather sends as the two-shot's second half does, whatever the algorithm.
+  algo = TWO_SHOT if site.kind == "all_gather" else scheme.algo
+  crossing = algo.crossing_share([topology.domain_of(d) for d in group])
   native = _native(cand, nbytes, itemsize, topology)
-  steps = _steps(policy, len(group))
+  steps = _steps(scheme, len(group))
   if site.kind != "all_reduce":  # half an all-reduce's steps
     steps = max(1, steps // 2)
-  rewritten = cost.quantized_flat(group, wire, steps, topology, ring)
+  rewritten = cost.quantized_flat(group, wire, steps, topology, crossing)
   note = ""
   if site.kind == "all_reduce" and policy.hierarchy == "auto" and not policy.calibration:
     why = split_groups(site.groups, topology)
     if isinstance(why, str) and why != "inside one fast domain":
       note = f"not hierarchical: the group {why}"
-  return Route("flat", native, rewritten, sum(o.size for o in site.operands), note)
+  return Route("flat", native, rewritten, sum(o.size for o in site.operands), note, scheme)
 
 
 def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> cost.Traffic:
@@ -116,21 +129,31 @@ def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> 
   return cost.Traffic(full.fast / 2, full.slow / 2, full.fast_steps // 2, full.slow_steps // 2)
 
 
-def _steps(policy: Policy, group_size: int) -> int:
+def _steps(scheme: Scheme, group_size: int) -> int:
   """Collective steps one site takes one after the other: the algorithm's (the tiled
   form's codes and scales travel side by side, in flight together)."""
-  return policy.scheme.algo.collective_steps(group_size)
+  return scheme.algo.collective_steps(group_size)
 
 
-ROUTES: list[Callable[[Candidate, Policy, Topology], Route | None]] = [
+ROUTES: list[Callable[[Candidate, Policy, Topology, Scheme], Route | None]] = [
   _hierarchical,
   _flat,
 ]
 
+# Tried, in order, for an all-reduce where the policy's algorithm is the key's and is
+# predicted to lose: the one-shot takes one collective step where the two-shot takes two
+# (the same bytes for two ranks), which decides a small site on a slow link (a latency
+# per step).  Only under the two-shot, the default: an algorithm a user names is the one
+# the sites get.
+FALLBACK_ALGORITHMS: dict[str, tuple[str, ...]] = {"two_shot": ("one_shot",)}
 
-def route_of(cand: Candidate, policy: Policy, topology: Topology) -> Route:
+
+def route_of(
+  cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme | None = None
+) -> Route:
+  scheme = scheme or policy.scheme
   for choose in ROUTES:
-    route = choose(cand, policy, topology)
+    route = choose(cand, policy, topology, scheme)
     if route is not None:
       return route
   raise AssertionError("the flat route always applies")
@@ -142,19 +165,16 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   known (the report's bytes cover every site)."""
   if not isinstance(decision, Candidate):
     return _with_native_traffic(decision, topology)
-  route = route_of(decision, policy, topology)
-  group = decision.site.groups[0] if decision.site.groups else ()
-  sharing = max((len(p) for p in topology.split(group)), default=1)
-  prediction = cost.predict(
-    route.native,
-    route.rewritten,
-    route.quantized_values,
-    topology,
-    sharing,
-    kernels=_kernel_priced(policy),
-  )
+  route, prediction = _priced(decision, policy, topology, policy.scheme)
   grows = _sends_more(route)
   loses = grows or _predicted_loss(prediction, route, topology)
+  if loses and decision.site.kind == "all_reduce" and not policy.calibration:
+    for name in FALLBACK_ALGORITHMS.get(policy.scheme.algorithm, ()):
+      scheme = dataclasses.replace(policy.scheme, algorithm=name)
+      other, other_prediction = _priced(decision, policy, topology, scheme)
+      if not _sends_more(other) and not _predicted_loss(other_prediction, other, topology):
+        route, prediction, grows, loses = other, other_prediction, None, None
+        break
   # A rewrite that sends more is a loss whatever the time model says: no prediction beside
   # it, left native or forced (it would read as a win for a tiny site's latency).
   kept = None if grows else prediction
@@ -165,11 +185,27 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   return dataclasses.replace(decision, route=route, prediction=kept, forced_over=loses or "")
 
 
-def _kernel_priced(policy: Policy) -> bool:
+def _priced(
+  cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme
+) -> tuple[Route, cost.Prediction]:
+  route = route_of(cand, policy, topology, scheme)
+  group = cand.site.groups[0] if cand.site.groups else ()
+  sharing = max((len(p) for p in topology.split(group)), default=1)
+  prediction = cost.predict(
+    route.native,
+    route.rewritten,
+    route.quantized_values,
+    topology,
+    sharing,
+    kernels=_kernel_priced(policy, scheme),
+  )
+  return route, prediction
+
+
+def _kernel_priced(policy: Policy, scheme: Scheme) -> bool:
   """Whether sites get the kernel form's on-chip cost: --equarx_form=kernel with a scheme
   the kernels take (two-shot, quantize_kernel.format_why_not; a site's shape can still
   keep it tiled, which the report then says)."""
-  scheme = policy.scheme
   return (
     policy.form == "kernel"
     and scheme.algo.quantizes_chunks_once
@@ -184,13 +220,12 @@ def calibrated(
   sending `wire_bytes`): decide() priced it with the dynamic scheme's bytes, and the report
   must give what the calibrated program sends.  The decision itself stands: the
   calibrated scheme sends fewer bytes than the dynamic one it was priced as."""
-  from equarx_pass.algorithms.two_shot import TWO_SHOT
-
   site = cand.site
   assert site.groups is not None and cand.route is not None
   group = site.groups[0]
   steps = TWO_SHOT.collective_steps(len(group))
-  rewritten = cost.quantized_flat(group, wire_bytes, steps, topology, ring=False)
+  crossing = TWO_SHOT.crossing_share([topology.domain_of(d) for d in group])
+  rewritten = cost.quantized_flat(group, wire_bytes, steps, topology, crossing)
   route = dataclasses.replace(cand.route, name="calibrated", rewritten=rewritten)
   sharing = max((len(p) for p in topology.split(group)), default=1)
   prediction = cost.predict(route.native, rewritten, route.quantized_values, topology, sharing)

@@ -440,7 +440,8 @@ FLAGS = {
       "algorithm",
       _parse_str,
       "the collective: `ring` (EQuARX), `two_shot`, `bidirectional` (the ring, half of each "
-      "chunk each way)",
+      "chunk each way), `one_shot` (one all-gather; under the default `two_shot`, a site "
+      "where the two-shot is predicted to lose and the one-shot to win gets the one-shot)",
       metavar="A",
     ),
     Flag(

@@ -136,7 +136,7 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     assert route is not None
     after = round(route.rewritten.total)
     # The algorithm does not enter an all-gather: one quantization, one all_gather.
-    reason = policy.scheme.describe(algorithm=site.kind != "all_gather")
+    reason = plan.site_scheme(decision, policy).describe(algorithm=site.kind != "all_gather")
     if route.name == "hierarchical":
       levels = route.note.removeprefix("levels=")
       reason = f"hierarchical ({levels}: native inside each domain, {reason} across)"

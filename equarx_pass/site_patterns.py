@@ -48,13 +48,14 @@ class RewriteContext:
 
   def site_plan(self, cand: match.Candidate, layout, schedule) -> SitePlan:
     site = cand.site
+    scheme = plan.site_scheme(cand, self.policy)
     unrolled = site.nbytes >= self.policy.unroll_min_bytes
     return SitePlan(
       layout,
       schedule,
       site.device_kind,
       site.num_devices,
-      self.policy.scheme,
+      scheme,
       unrolled=unrolled,
       # On CPU: the model's butterflies (its bits), and no collective inside a loop.
       matmul_rotation=self.target != "cpu",
@@ -67,7 +68,7 @@ class RewriteContext:
       # Only where the site quantizes its chunks once, together: two-shot's first
       # quantize, an all-gather's only one.
       quantize_kernels=self.kernels
-      if site.kind == "all_gather" or self.policy.scheme.algo.quantizes_chunks_once
+      if site.kind == "all_gather" or scheme.algo.quantizes_chunks_once
       else None,
     )
 
@@ -129,7 +130,7 @@ class HierarchicalAllReducePattern:
     return _route(cand) == "hierarchical" and cand.site.kind == "all_reduce"
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
-    site, scheme = cand.site, ctx.policy.scheme
+    site, scheme = cand.site, plan.site_scheme(cand, ctx.policy)
     levels, outer = plan.schedule_levels(cand, ctx.topology)
 
     def cross(piece: ir.Value) -> ir.Value:
@@ -160,7 +161,7 @@ class HierarchicalPiecesPattern:
     return _route(cand) == "hierarchical" and cand.site.kind != "all_reduce"
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
-    site, scheme = cand.site, ctx.policy.scheme
+    site, scheme = cand.site, plan.site_scheme(cand, ctx.policy)
     levels, outer = plan.schedule_levels(cand, ctx.topology)
     assert site.groups is not None
     order = hierarchical.piece_order(site.groups, levels)
@@ -203,7 +204,7 @@ class FlatAllReducePattern:
     return _route(cand) == "flat" and cand.site.kind == "all_reduce"
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
-    scheme = ctx.policy.scheme
+    scheme = plan.site_scheme(cand, ctx.policy)
     emit = functools.partial(
       scheme.algo.emit,
       plan=ctx.site_plan(cand, cand.layout, cand.schedule),
@@ -229,7 +230,9 @@ class FlatPiecesPattern:
       ir.RankedTensorType(result.type),
     )
     emitter = (
-      ctx.policy.scheme.algo.emit_pieces if site.kind == "reduce_scatter" else emit_all_gather
+      plan.site_scheme(cand, ctx.policy).algo.emit_pieces
+      if site.kind == "reduce_scatter"
+      else emit_all_gather
     )
     site_plan = ctx.site_plan(cand, cand.layout, cand.schedule)
     return Replacement(

@@ -22,6 +22,9 @@ SCHEMES = [
   "--equarx_block_size=128",
   "--equarx_algorithm=two_shot",
   "--equarx_algorithm=bidirectional",
+  "--equarx_algorithm=one_shot",
+  "--equarx_algorithm=one_shot --equarx_rotation=none",
+  "--equarx_algorithm=one_shot --equarx_format=int4 --equarx_block_size=128",
   "--equarx_algorithm=ring --equarx_microshards=4",
   "--equarx_algorithm=bidirectional --equarx_microshards=2",
   "--equarx_rotation=hadamard",
@@ -79,6 +82,7 @@ def test_scheme_equals_model_one_group(flags, inputs):
   "flags",
   [
     "--equarx_algorithm=two_shot --equarx_rotation=hadamard",
+    "--equarx_algorithm=one_shot",
     "--equarx_algorithm=bidirectional --equarx_microshards=2 --equarx_format=int4 "
     "--equarx_block_size=256",
     "--equarx_algorithm=ring --equarx_rotation=none --equarx_unroll_min_bytes=0",

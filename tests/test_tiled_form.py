@@ -37,12 +37,16 @@ EXACT = [
   "--equarx_algorithm=ring --equarx_rotation=none --equarx_format=int4",
   "--equarx_algorithm=ring --equarx_rotation=none --equarx_format=int4 --equarx_block_size=128",
   "--equarx_rotation=none --equarx_format=int4 --equarx_block_size=256",
+  "--equarx_algorithm=one_shot --equarx_rotation=none",
+  "--equarx_algorithm=one_shot --equarx_rotation=none --equarx_format=fp8_e4m3",
 ]
 ROTATED = [
   "",
   "--equarx_format=mxint8",
   "--equarx_block_size=128 --equarx_rotation_size=128",
   "--equarx_algorithm=ring --equarx_rotation=hadamard",
+  "--equarx_algorithm=one_shot",
+  "--equarx_algorithm=one_shot --equarx_format=int4 --equarx_block_size=128",
   "--equarx_algorithm=ring --equarx_format=int4 --equarx_block_size=128 --equarx_rotation=hadamard",
 ]
 
@@ -152,7 +156,7 @@ def test_defaults_of_the_forms():
   assert Policy.from_flags("--equarx_rotation=none").scheme.block_size == 1024
 
 
-@pytest.mark.parametrize("algorithm", ["two_shot", "ring"])
+@pytest.mark.parametrize("algorithm", ["two_shot", "ring", "one_shot"])
 @pytest.mark.parametrize("block", [128, 1024])
 def test_tiled_equals_model_subgroups_bf16(block, algorithm, inputs):
   """2x4 mesh, groups of 4, bf16 in and out."""
@@ -176,6 +180,7 @@ def test_tiled_equals_model_subgroups_bf16(block, algorithm, inputs):
   [
     "--equarx_rotation=none",
     "--equarx_algorithm=ring --equarx_rotation=none",
+    "--equarx_algorithm=one_shot",
     "",  # the default, its forward rotation a matmul (TPU's)
   ],
 )
@@ -183,11 +188,12 @@ def test_large_groups_loop_with_the_same_bits(monkeypatch, inputs, flags):
   """From LOOP_FROM_MEMBERS members on, the steps that repeat per member are a loop
   (the emitted size stays the same whatever the group); lowered here to 4 so that the 8
   CPU devices run the loop form: the model's bits, as written out."""
-  from equarx_pass.algorithms import ring, two_shot
+  from equarx_pass.algorithms import one_shot, ring, two_shot
 
   written = _run(flags, inputs)[1]
   monkeypatch.setattr(two_shot, "LOOP_FROM_MEMBERS", 4)
   monkeypatch.setattr(ring, "LOOP_FROM_MEMBERS", 4)
+  monkeypatch.setattr(one_shot, "LOOP_FROM_MEMBERS", 4)
   mesh = Mesh(np.array(jax.devices()), ("tp",))
   fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=TILED + flags)
   looped = np.asarray(fn(inputs))

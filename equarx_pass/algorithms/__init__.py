@@ -9,6 +9,7 @@ the report's bytes all come from this registry.
 from __future__ import annotations
 
 from equarx_pass.algorithms.base import Algorithm
+from equarx_pass.algorithms.one_shot import ONE_SHOT
 from equarx_pass.algorithms.ring import BIDIRECTIONAL, RING
 from equarx_pass.algorithms.two_shot import TWO_SHOT
 
@@ -22,7 +23,7 @@ def register(algorithm: Algorithm) -> Algorithm:
   return algorithm
 
 
-for _algorithm in (RING, TWO_SHOT, BIDIRECTIONAL):
+for _algorithm in (RING, TWO_SHOT, BIDIRECTIONAL, ONE_SHOT):
   register(_algorithm)
 
 __all__ = ["ALGORITHMS", "Algorithm", "register"]

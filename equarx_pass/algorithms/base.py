@@ -8,7 +8,7 @@ algorithm has one, the tiled form (forms.py says what the two are).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -58,6 +58,13 @@ class Algorithm:
     """Collective steps one all-reduce takes, one after the other (what a link's latency
     is paid for): a ring's 2(N-1)."""
     return 2 * (group_size - 1)
+
+  def crossing_share(self, domains: Sequence[int]) -> float:
+    """The share of its wire bytes a rank sends across domains, `domains[r]` the domain of
+    the group's member r (what the cost model prices on slow links): a ring sends
+    everything to its neighbour in group order."""
+    n = len(domains)
+    return sum(domains[r] != domains[(r + 1) % n] for r in range(n)) / n
 
   def reduce_scatter_wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """Bytes one rank sends for the reduce-scatter half: N-1 quantized chunks."""

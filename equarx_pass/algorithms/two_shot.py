@@ -99,6 +99,16 @@ class TwoShot(Algorithm):
     by side)."""
     return 2
 
+  def crossing_share(self, domains: Sequence[int]) -> float:
+    """Half the bytes in an all-to-all, a piece to every other member, and half in an
+    all-gather, which a collective that spans domains moves across them once per remote
+    domain, not once per remote member (XLA across TPU slices; counted from compiled
+    programs, tools/bench_multislice.py)."""
+    n = len(domains)
+    remote_members = sum(a != b for a in domains for b in domains) / n
+    remote_domains = len(set(domains)) - 1
+    return (remote_members + remote_domains) / (2 * (n - 1))
+
   def reference(
     self, x: list[np.ndarray], scheme: Scheme, layout: ChunkLayout, finish: Finish
   ) -> list[np.ndarray]:
