@@ -140,11 +140,12 @@ ROUTES: list[Callable[[Candidate, Policy, Topology, Scheme], Route | None]] = [
   _flat,
 ]
 
-# Tried, in order, for an all-reduce where the policy's algorithm is the key's and is
-# predicted to lose: the one-shot takes one collective step where the two-shot takes two
-# (the same bytes for two ranks), which decides a small site on a slow link (a latency
-# per step).  Only under the two-shot, the default: an algorithm a user names is the one
-# the sites get.
+# Tried, in order, for an all-reduce across slow links where the policy's algorithm is the
+# key's and is predicted to lose: the one-shot takes one collective step where the
+# two-shot takes two (the same bytes for two ranks), which decides a small site on a slow
+# link (a latency per step).  Only under the two-shot, the default: an algorithm a user
+# names is the one the sites get.  Not on fast links alone, where the on-chip work decides
+# and a site the two-shot loses stays native.
 FALLBACK_ALGORITHMS: dict[str, tuple[str, ...]] = {"two_shot": ("one_shot",)}
 
 
@@ -168,7 +169,7 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   route, prediction = _priced(decision, policy, topology, policy.scheme)
   grows = _sends_more(route)
   loses = grows or _predicted_loss(prediction, route, topology)
-  if loses and decision.site.kind == "all_reduce" and not policy.calibration:
+  if loses and route.native.slow and decision.site.kind == "all_reduce" and not policy.calibration:
     for name in FALLBACK_ALGORITHMS.get(policy.scheme.algorithm, ()):
       scheme = dataclasses.replace(policy.scheme, algorithm=name)
       other, other_prediction = _priced(decision, policy, topology, scheme)

@@ -92,3 +92,13 @@ def test_one_shot_bytes_and_steps():
   assert one.crossing_share([0, 1]) == 1.0
   assert one.crossing_share([0, 0, 1, 1]) == pytest.approx(1 / 3)
   assert one.crossing_share([0, 0, 0, 0]) == 0.0
+
+
+def test_no_fallback_on_fast_links_alone():
+  # Inside one domain the on-chip work decides: a site the two-shot loses stays native.
+  x = np.random.default_rng(3).standard_normal((8, 9 * 8192)).astype(np.float32)
+  fn = equarx_pass.jit(psum_program(_mesh(), "tp"), flags=ACROSS)
+  fn(x)
+  (record,) = fn.report.records
+  assert record.decision == "skipped", record.reason
+  assert record.reason.startswith("fast links only"), record.reason
