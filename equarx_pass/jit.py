@@ -43,6 +43,7 @@ from equarx_pass import tpu_aot
 from equarx_pass.errors import CompileError, EquarxWarning, FlagError, RewriteError
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import SiteRecord, rewrite_module
+from equarx_pass.site_kind import SiteKind
 
 
 def resolve_policy(policy: Policy | None = None, flags: str | None = None) -> Policy:
@@ -105,7 +106,7 @@ def format_lowering(low: LoweringReport) -> str:
       f"partitioning compile {low.first_compile_seconds:.2f} s)"
     )
   text = report.format_table(low.records, title, low.topology)
-  sites = sum(r.found_as == "all_reduce" for r in low.records)
+  sites = sum(r.found_as == SiteKind.ALL_REDUCE for r in low.records)
   compiled = low.compiled_all_reduces
   if compiled is not None and compiled != sites and sites:
     text += (

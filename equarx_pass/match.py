@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from typing import Any, Callable, Literal, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -20,12 +20,12 @@ from jax.extend.mlir.dialects import sdy, stablehlo
 
 from equarx_pass.layout import ChunkLayout, DeviceKind, GroupSchedule, make_schedule
 from equarx_pass.policy import DTYPE_BYTES, Policy
+from equarx_pass.site_kind import SiteKind
 
 ALL_REDUCE = "stablehlo.all_reduce"
 # With --equarx_ops: reduce-scatters and all-gathers (sites after the all-reduces).
 REDUCE_SCATTER = "stablehlo.reduce_scatter"
 ALL_GATHER = "stablehlo.all_gather"
-Kind = Literal["all_reduce", "reduce_scatter", "all_gather"]
 # MHLO's all-reduce.  parse.py converts a module holding one to StableHLO; one that is
 # still there (the conversion failed) is a site skipped with the reason, never ignored.
 MHLO_ALL_REDUCE = "mhlo.all_reduce"
@@ -137,25 +137,27 @@ def find_all_reduces(module: ir.Module) -> list[ir.Operation]:
   return [op for func in called_functions(module) for op in walk(func) if is_all_reduce(op)]
 
 
-def find_sites(module: ir.Module, ops: tuple[str, ...] = ("all_reduce",)) -> list[ir.Operation]:
+def find_sites(
+  module: ir.Module, ops: tuple[str, ...] = (SiteKind.ALL_REDUCE,)
+) -> list[ir.Operation]:
   """The collectives that can run (find_all_reduces' rule): every all-reduce (rewritten,
   made a reduce-scatter, or listed as skipped: whatever `ops` says), first, so their
   indices (which calibration files name) do not depend on `ops`; then the reduce-scatters
   and the all-gathers, when `ops` selects them."""
   functions = called_functions(module)
   found = find_all_reduces(module)
-  for kind, name in (("reduce_scatter", REDUCE_SCATTER), ("all_gather", ALL_GATHER)):
+  for kind, name in ((SiteKind.REDUCE_SCATTER, REDUCE_SCATTER), (SiteKind.ALL_GATHER, ALL_GATHER)):
     if kind in ops:
       found += [op for func in functions for op in walk(func) if op.name == name]
   return found
 
 
-def kind_of(op: ir.Operation) -> Kind:
+def kind_of(op: ir.Operation) -> SiteKind:
   if op.name == REDUCE_SCATTER:
-    return "reduce_scatter"
+    return SiteKind.REDUCE_SCATTER
   if op.name == ALL_GATHER:
-    return "all_gather"
-  return "all_reduce"
+    return SiteKind.ALL_GATHER
+  return SiteKind.ALL_REDUCE
 
 
 def unused_all_reduces(module: ir.Module) -> int:
@@ -288,7 +290,7 @@ class Site:
   device_kind: DeviceKind
   num_devices: int
   async_computation: str | None = None  # the async computation it is in, if any
-  kind: Kind = "all_reduce"
+  kind: SiteKind = SiteKind.ALL_REDUCE
   dimension: int = 0  # a reduce-scatter's scatter or an all-gather's gather dimension
   # An all-reduce whose one use slices out each device's own piece (own_piece_slice):
   # XLA's compiler runs the pair as a reduce-scatter, so natively it sends what a
@@ -301,7 +303,7 @@ class Site:
     compare: the operands (an all-reduce's, a reduce-scatter's), or an all-gather's
     gathered result (its operand is one rank's piece)."""
     total = sum(o.size * DTYPE_BYTES.get(o.dtype, bytes_of(o.dtype)) for o in self.operands)
-    return total * self.group_size if self.kind == "all_gather" else total
+    return total * self.group_size if self.kind == SiteKind.ALL_GATHER else total
 
   @property
   def group_size(self) -> int:
@@ -369,7 +371,7 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
   # An all-reduce's result type: it may promote (bf16 in, f32 out), and the sum happens
   # in the result's type.  A reduce-scatter's or all-gather's operand: what is split or
   # sent (the element types are the same).
-  for value in op.results if kind == "all_reduce" else op.operands:
+  for value in op.results if kind == SiteKind.ALL_REDUCE else op.operands:
     if isinstance(value.type, ir.ShapedType):
       t = ir.ShapedType(value.type)
       shape = tuple(t.shape) if t.has_rank and t.has_static_shape else None
@@ -401,7 +403,10 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
   if has_channel and not global_ids and problem is None:
     groups = (tuple(range(num_devices)),)  # num_replicas == 1: all partitions, one group
   function = enclosing_function(op)
-  dimension_attr = {"reduce_scatter": "scatter_dimension", "all_gather": "all_gather_dim"}
+  dimension_attr = {
+    SiteKind.REDUCE_SCATTER: "scatter_dimension",
+    SiteKind.ALL_GATHER: "all_gather_dim",
+  }
   dimension = 0
   if kind in dimension_attr:
     dimension = ir.IntegerAttr(attrs[dimension_attr[kind]]).value
@@ -521,7 +526,7 @@ def _check_supported_groups(site, op, policy, problem):
 
 
 def _check_reduction(site, op, policy, problem):
-  if site.kind != "all_gather" and not _reduction_is_add(op):
+  if site.kind != SiteKind.ALL_GATHER and not _reduction_is_add(op):
     return "reduction is not add (only sums are quantized)"
 
 
@@ -550,17 +555,17 @@ def _check_group_size(site, op, policy, problem):
 def _check_pieces(site, op, policy, problem):
   """A reduce-scatter or all-gather: one operand, and the tiled form (the only one these
   are emitted in)."""
-  if site.kind == "all_reduce":
+  if site.kind == SiteKind.ALL_REDUCE:
     return None
   if len(site.operands) != 1:
     return f"{site.kind} of several operands"
   (operand,) = site.operands
-  if site.kind == "reduce_scatter" and operand.shape[site.dimension] % site.group_size:
+  if site.kind == SiteKind.REDUCE_SCATTER and operand.shape[site.dimension] % site.group_size:
     return f"scatter dimension of {operand.shape[site.dimension]} not divisible by the group"
   _, flat_why = policy.resolved()
   if flat_why:
     return f"{site.kind} needs the tiled form ({flat_why})"
-  if site.kind == "reduce_scatter" and not policy.scheme.algo.emits_reduce_scatter:
+  if site.kind == SiteKind.REDUCE_SCATTER and not policy.scheme.algo.emits_reduce_scatter:
     return f"reduce_scatter: {policy.scheme.algorithm} has no reduce-scatter half"
 
 
@@ -569,7 +574,7 @@ def _check_known_divergence(site, op, policy, problem):
   with the reason rather than rewritten (BUILD_NOTES, "Faithfulness decisions")."""
   scheme = policy.scheme
   if (
-    site.kind == "all_reduce"
+    site.kind == SiteKind.ALL_REDUCE
     and scheme.fmt.bits == 4
     and scheme.block_layout == "grid"
     and scheme.algorithm != "two_shot"
@@ -607,21 +612,21 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> D
   assert site.groups is not None  # _check_supported_groups skips sites without
   # Under --equarx_identity too: identity takes this route and emits the all-reduce and a
   # slice of the piece recognised here (site_patterns.emit_native).
-  if site.kind == "all_reduce" and "reduce_scatter" in policy.ops:
+  if site.kind == SiteKind.ALL_REDUCE and SiteKind.REDUCE_SCATTER in policy.ops:
     piece = own_piece_slice(op, site)
     if piece is not None:
       dimension, slice_op = piece
-      scattered = dataclasses.replace(site, kind="reduce_scatter", dimension=dimension)
+      scattered = dataclasses.replace(site, kind=SiteKind.REDUCE_SCATTER, dimension=dimension)
       if _check_pieces(scattered, op, policy, problem) is None:
         layout = policy.scheme.layout(scattered.operands[0].size, site.group_size)
         return Candidate(scattered, op, layout, make_schedule(site.groups), slice_op)
-  if site.kind == "all_reduce" and "all_reduce" not in policy.ops:
+  if site.kind == SiteKind.ALL_REDUCE and SiteKind.ALL_REDUCE not in policy.ops:
     return Skip(site, f"--equarx_ops={','.join(policy.ops)} does not select all-reduces")
-  if site.kind == "all_reduce" and own_piece_slice(op, site) is not None:
+  if site.kind == SiteKind.ALL_REDUCE and own_piece_slice(op, site) is not None:
     site = dataclasses.replace(site, scattered=True)
   assert site.groups is not None
   total = sum(o.size for o in site.operands)
-  if site.kind == "all_gather":  # every rank's piece, as a reduce-scatter's operand
+  if site.kind == SiteKind.ALL_GATHER:  # every rank's piece, as a reduce-scatter's operand
     total *= site.group_size
   layout = policy.scheme.layout(total, site.group_size)
   return Candidate(site, op, layout, make_schedule(site.groups))

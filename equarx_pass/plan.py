@@ -28,6 +28,7 @@ from equarx_pass.layout import make_schedule
 from equarx_pass.match import Candidate, Decision, Skip
 from equarx_pass.policy import DTYPE_BYTES, Policy
 from equarx_pass.scheme import Scheme
+from equarx_pass.site_kind import SiteKind
 from equarx_pass.topology import Topology, split_groups
 
 
@@ -73,7 +74,7 @@ def _hierarchical(
   values = sum(o.size for o in site.operands)
   note = f"levels={s}x{k}"
   native = _native(cand, nbytes, itemsize, topology)
-  if site.kind == "all_reduce":
+  if site.kind == SiteKind.ALL_REDUCE:
     layout = scheme.layout(-(-values // k), s)
     inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
     across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(scheme, s))
@@ -82,8 +83,8 @@ def _hierarchical(
     return None
   # Half of an all-reduce inside (a native reduce-scatter or all-gather of the whole
   # tensor) and a quantized reduce-scatter or all-gather of a 1/k part across.
-  whole = nbytes * site.group_size if site.kind == "all_gather" else nbytes
-  whole_values = values * site.group_size if site.kind == "all_gather" else values
+  whole = nbytes * site.group_size if site.kind == SiteKind.ALL_GATHER else nbytes
+  whole_values = values * site.group_size if site.kind == SiteKind.ALL_GATHER else values
   layout = scheme.layout(whole_values // k, s)
   half = cost.native_inside(k, whole, itemsize, topology.platform)
   inside = cost.Traffic(fast=half.fast / 2, fast_steps=1)
@@ -100,15 +101,15 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme) -
   nbytes, itemsize = _operand_bytes(cand)
   wire = scheme.wire_bytes(cand.layout, site.kind)
   # An all-gather sends as the two-shot's second half does, whatever the algorithm.
-  algo = TWO_SHOT if site.kind == "all_gather" else scheme.algo
+  algo = TWO_SHOT if site.kind == SiteKind.ALL_GATHER else scheme.algo
   crossing = algo.crossing_share([topology.domain_of(d) for d in group])
   native = _native(cand, nbytes, itemsize, topology)
   steps = _steps(scheme, len(group))
-  if site.kind != "all_reduce":  # half an all-reduce's steps
+  if site.kind != SiteKind.ALL_REDUCE:  # half an all-reduce's steps
     steps = max(1, steps // 2)
   rewritten = cost.quantized_flat(group, wire, steps, topology, crossing)
   note = ""
-  if site.kind == "all_reduce" and policy.hierarchy == "auto" and not policy.calibration:
+  if site.kind == SiteKind.ALL_REDUCE and policy.hierarchy == "auto" and not policy.calibration:
     why = split_groups(site.groups, topology)
     if isinstance(why, str) and why != "inside one fast domain":
       note = f"not hierarchical: the group {why}"
@@ -122,9 +123,9 @@ def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> 
   site = cand.site
   assert site.groups is not None
   group = site.groups[0]
-  if site.kind == "all_reduce" and not site.scattered:
+  if site.kind == SiteKind.ALL_REDUCE and not site.scattered:
     return cost.native_all_reduce(group, nbytes, itemsize, topology)
-  whole = nbytes * len(group) if site.kind == "all_gather" else nbytes
+  whole = nbytes * len(group) if site.kind == SiteKind.ALL_GATHER else nbytes
   full = cost.native_all_reduce(group, whole, itemsize, topology)
   return cost.Traffic(full.fast / 2, full.slow / 2, full.fast_steps // 2, full.slow_steps // 2)
 
@@ -169,7 +170,8 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   route, prediction = _priced(decision, policy, topology, policy.scheme)
   grows = _sends_more(route)
   loses = grows or _predicted_loss(prediction, route, topology)
-  if loses and route.native.slow and decision.site.kind == "all_reduce" and not policy.calibration:
+  all_reduce = decision.site.kind == SiteKind.ALL_REDUCE
+  if loses and route.native.slow and all_reduce and not policy.calibration:
     for name in FALLBACK_ALGORITHMS.get(policy.scheme.algorithm, ()):
       scheme = dataclasses.replace(policy.scheme, algorithm=name)
       other, other_prediction = _priced(decision, policy, topology, scheme)
@@ -235,7 +237,7 @@ def calibrated(
 
 def _with_native_traffic(skip: Skip, topology: Topology) -> Skip:
   site = skip.site
-  if skip.route is not None or site.kind != "all_reduce" or not site.groups:
+  if skip.route is not None or site.kind != SiteKind.ALL_REDUCE or not site.groups:
     return skip
   if any(o.shape is None or o.dtype not in DTYPE_BYTES for o in site.operands):
     return skip

@@ -17,14 +17,14 @@ from equarx_pass import scheme as scheme_lib
 from equarx_pass.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 from equarx_pass.formats import FORMATS as FORMAT_REGISTRY
 from equarx_pass.errors import FlagError
+from equarx_pass.site_kind import SITE_KINDS, SiteKind
 
 ENV_VAR = "EQUARX_FLAGS"
 DTYPES = ("bf16", "f16", "f32")
 # The collectives the pass may rewrite: float-sum all-reduces (the default), and, when
 # named, float-sum reduce-scatters and all-gathers (match.py finds them; each algorithm's
 # emit_reduce_scatter, algorithms/, and all_gather.py emit them).
-Op = Literal["all_reduce", "reduce_scatter", "all_gather"]
-OPS = get_args(Op)
+OPS = SITE_KINDS
 # What the scheme flags may name: the keys of the registries (formats/, algorithms/).
 FORMATS = tuple(FORMAT_REGISTRY)
 ALGORITHMS = tuple(ALGORITHM_REGISTRY)
@@ -73,7 +73,7 @@ class Policy:
   min_bytes: int = 131072  # skip all-reduces smaller than this (total operand bytes)
   max_bytes: int = 0  # skip larger ones; 0 = no upper bound
   dtypes: tuple[str, ...] = DTYPES
-  ops: tuple[Op, ...] = ("all_reduce",)  # the collectives to rewrite
+  ops: tuple[str, ...] = (SiteKind.ALL_REDUCE,)  # the collectives to rewrite
   block_size: int = 0  # values per f32 scale; 0: the form's default (resolved)
   format: str = "int8"
   # Default: the scheme that meets the accuracy targets (README, "Schemes"):

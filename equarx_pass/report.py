@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from equarx_pass.rewrite import SiteRecord
+from equarx_pass.site_kind import SiteKind
 
 
 def _shape(shapes) -> str:
@@ -120,7 +121,7 @@ def summary(records: Sequence[SiteRecord], topology=None) -> str:
   if not any(r.traffic_before is not None for r in records):
     topology = None
   done = [r for r in records if r.rewritten]
-  noun = "all-reduce" if all(r.kind == "all_reduce" for r in records) else "collective"
+  noun = "all-reduce" if all(r.kind == SiteKind.ALL_REDUCE for r in records) else "collective"
   text = f"{len(done)} of {len(records)} {noun} sites rewritten"
   if not done:
     return text

@@ -29,6 +29,7 @@ from equarx_pass.hlo_builder import ChannelAllocator
 from equarx_pass.calibrated.outlier_emit import CalibratedPlan
 from equarx_pass.errors import FlagError, InternalError, VerifyError
 from equarx_pass.policy import DTYPE_BYTES, Policy
+from equarx_pass.site_kind import SiteKind
 
 
 # What happened to an all-reduce.
@@ -50,8 +51,8 @@ class SiteRecord:
   reason: str  # why skipped, or the scheme used
   bytes_before: int  # bytes one rank sends: a ring of the original dtype (all-reduce, ...)
   bytes_after: int  # bytes one rank sends after the rewrite (= before when skipped)
-  kind: match.Kind = "all_reduce"  # what it is rewritten as
-  found_as: match.Kind = "all_reduce"  # the op in the program (an all-reduce may be sliced)
+  kind: SiteKind = SiteKind.ALL_REDUCE  # what it is rewritten as
+  found_as: SiteKind = SiteKind.ALL_REDUCE  # the op in the program (an all-reduce may be sliced)
   # Per link class (topology.py), bytes one device sends natively and rewritten, and the
   # cost model's speed-up (cost.py); None where no route was planned, or where the rewrite
   # sends more bytes than the native collective (plan.decide).
@@ -89,8 +90,8 @@ def _ring_bytes_before(site: match.Site) -> int:
   n = max(site.group_size, 1)
   total = 0
   for o in site.operands:
-    if site.kind != "all_reduce":
-      piece = o.size // n if site.kind == "reduce_scatter" else o.size
+    if site.kind != SiteKind.ALL_REDUCE:
+      piece = o.size // n if site.kind == SiteKind.REDUCE_SCATTER else o.size
       total += (n - 1) * piece * DTYPE_BYTES.get(o.dtype, match.bytes_of(o.dtype))
       continue
     per_chunk = -(-o.size // n)
@@ -101,7 +102,7 @@ def _ring_bytes_before(site: match.Site) -> int:
 def _tile_order_note(decision: match.Decision, policy: Policy, route: plan.Route) -> str:
   """Where a TPU's tiled form takes the operand's blocks: in its own (8, 128) tiles, or in
   its flat order (which the compiler relayouts), and why (forms.tile_grid)."""
-  if policy.platform != "tpu" or route.name != "flat" or decision.site.kind != "all_reduce":
+  if policy.platform != "tpu" or route.name != "flat" or decision.site.kind != SiteKind.ALL_REDUCE:
     return ""
   if not isinstance(decision, match.Candidate) or decision.slice_op is not None:
     return ""
@@ -129,14 +130,14 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     native = (
       "the native all-reduce, each rank's piece sliced as recognised"
       if sliced
-      else f"the native {_op_name(site.kind)}"
+      else f"the native {site.kind.op_name}"
     )
     after, reason = before, f"identity: {native}, rebuilt"
   else:
     assert route is not None
     after = round(route.rewritten.total)
     # The algorithm does not enter an all-gather: one quantization, one all_gather.
-    reason = plan.site_scheme(decision, policy).describe(algorithm=site.kind != "all_gather")
+    reason = plan.site_scheme(decision, policy).describe(algorithm=site.kind != SiteKind.ALL_GATHER)
     if route.name == "hierarchical":
       levels = route.note.removeprefix("levels=")
       reason = f"hierarchical ({levels}: native inside each domain, {reason} across)"
@@ -155,7 +156,7 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     reason += _promotion_note(decision.op)
   if sliced:
     reason = f"an all-reduce and the slice of each rank's piece: {reason}"
-  if site.kind != "all_reduce":
+  if site.kind != SiteKind.ALL_REDUCE:
     reason = f"{site.kind}: {reason}"
   prediction = decision.prediction
   return SiteRecord(
@@ -170,17 +171,12 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     before,
     after,
     site.kind,
-    "all_reduce" if sliced else site.kind,
+    SiteKind.ALL_REDUCE if sliced else site.kind,
     route.native if route else None,
     (route.rewritten if verdict == "rewritten" else route.native) if route else None,
     prediction.speedup if prediction else None,
     route.name if route else "",
   )
-
-
-def _op_name(kind: match.Kind) -> str:
-  """all_reduce -> all-reduce: the collective as XLA and the README name it."""
-  return kind.replace("_", "-")
 
 
 def _promotion_note(op: ir.Operation) -> str:
@@ -437,7 +433,7 @@ def _calibrated_plans(
   routed = []
   for cand in candidates:
     site = cand.site
-    if site.kind != "all_reduce":
+    if site.kind != SiteKind.ALL_REDUCE:
       routed.append(cand)
       continue
     i = site.index  # records are in site order

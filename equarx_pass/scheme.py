@@ -20,6 +20,7 @@ from equarx_pass import rotation
 from equarx_pass.algorithms import ALGORITHMS, Algorithm
 from equarx_pass.formats import FORMATS, Format
 from equarx_pass.layout import GRID_SCALES, ChunkLayout, chunk_layout, pad_chunks, unpad
+from equarx_pass.site_kind import SiteKind
 
 BLOCK_LAYOUTS = ("fixed", "grid")
 ROUNDINGS = ("nearest", "stochastic")
@@ -136,14 +137,14 @@ class Scheme:
     size = layout.chunk // count
     return [Lane(1 if i < self.microshards else -1, i * size, size) for i in range(count)]
 
-  def wire_bytes(self, layout: ChunkLayout, kind: str = "all_reduce") -> int:
+  def wire_bytes(self, layout: ChunkLayout, kind: SiteKind = SiteKind.ALL_REDUCE) -> int:
     """Bytes one rank sends for a site of `layout`, as the algorithm sends them: what
     the report prices and equarx_pass/wire_bytes.py counts from the emitted collectives.  A
     reduce-scatter sends the algorithm's first half; an all-gather, N-1 quantized pieces
     whatever the algorithm."""
-    if kind == "reduce_scatter":
+    if kind == SiteKind.REDUCE_SCATTER:
       return self.algo.reduce_scatter_wire_bytes(layout, self.fmt)
-    if kind == "all_gather":
+    if kind == SiteKind.ALL_GATHER:
       return (layout.group_size - 1) * self.fmt.payload_bytes(layout.chunk, layout.blocks)
     return self.algo.wire_bytes(layout, self.fmt)
 

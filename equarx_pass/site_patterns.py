@@ -27,6 +27,7 @@ from equarx_pass.forms import Pieces, SitePlan
 from equarx_pass.hlo_builder import ChannelAllocator, Emitter
 from equarx_pass.policy import Policy
 from equarx_pass.quantize_kernel import QuantizeKernels
+from equarx_pass.site_kind import SiteKind
 from equarx_pass.topology import Topology
 
 Emit = Callable[[list[ir.Value]], list[ir.Value]]
@@ -68,7 +69,7 @@ class RewriteContext:
       # Only where the site quantizes its chunks once, together: two-shot's first
       # quantize, an all-gather's only one.
       quantize_kernels=self.kernels
-      if site.kind == "all_gather" or scheme.algo.quantizes_chunks_once
+      if site.kind == SiteKind.ALL_GATHER or scheme.algo.quantizes_chunks_once
       else None,
     )
 
@@ -127,7 +128,7 @@ class HierarchicalAllReducePattern:
   """An all-reduce over several fast domains: native inside each, quantized across."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "hierarchical" and cand.site.kind == "all_reduce"
+    return _route(cand) == "hierarchical" and cand.site.kind == SiteKind.ALL_REDUCE
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
     site, scheme = cand.site, plan.site_scheme(cand, ctx.policy)
@@ -158,7 +159,7 @@ class HierarchicalPiecesPattern:
   tensor inside each domain, the quantized one of a 1/k part across."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "hierarchical" and cand.site.kind != "all_reduce"
+    return _route(cand) == "hierarchical" and cand.site.kind != SiteKind.ALL_REDUCE
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
     site, scheme = cand.site, plan.site_scheme(cand, ctx.policy)
@@ -167,7 +168,7 @@ class HierarchicalPiecesPattern:
     order = hierarchical.piece_order(site.groups, levels)
     assert not isinstance(order, str)  # the plan checked it
     result_type = ir.RankedTensorType((cand.slice_op or cand.op).results[0].type)
-    gather = site.kind == "all_gather"
+    gather = site.kind == SiteKind.ALL_GATHER
 
     def cross_pieces(part: ir.Value, piece_type: ir.RankedTensorType) -> ir.Value:
       size = int(np.prod(ir.RankedTensorType(part.type).shape, dtype=np.int64))
@@ -201,7 +202,7 @@ class FlatAllReducePattern:
   """The scheme's algorithm over the whole group."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "flat" and cand.site.kind == "all_reduce"
+    return _route(cand) == "flat" and cand.site.kind == SiteKind.ALL_REDUCE
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
     scheme = plan.site_scheme(cand, ctx.policy)
@@ -219,19 +220,19 @@ class FlatPiecesPattern:
   all_gather) over the whole group."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "flat" and cand.site.kind != "all_reduce"
+    return _route(cand) == "flat" and cand.site.kind != SiteKind.ALL_REDUCE
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
     site = cand.site
     result = (cand.slice_op or cand.op).results[0]
     pieces = Pieces(
       site.dimension,
-      site.group_size if site.kind == "reduce_scatter" else 1,
+      site.group_size if site.kind == SiteKind.REDUCE_SCATTER else 1,
       ir.RankedTensorType(result.type),
     )
     emitter = (
       plan.site_scheme(cand, ctx.policy).algo.emit_pieces
-      if site.kind == "reduce_scatter"
+      if site.kind == SiteKind.REDUCE_SCATTER
       else emit_all_gather
     )
     site_plan = ctx.site_plan(cand, cand.layout, cand.schedule)
