@@ -24,7 +24,8 @@ from equarx_pass.jit import Jitted, LoweringReport, Report, jit
 from equarx_pass.parse import parse_bytes, parse_file
 from equarx_pass.calibrated.calibrate import calibrate
 from equarx_pass.policy import Policy
-from equarx_pass.rewrite import RewriteResult, SiteRecord, rewrite_module
+from equarx_pass.rewrite import RewriteResult, rewrite_module
+from equarx_pass.site_records import SiteRecord
 from equarx_pass.transform import transform_file, transform_text
 
 __all__ = [

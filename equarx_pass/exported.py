@@ -33,7 +33,8 @@ from jax.extend.mlir.dialects import stablehlo
 from equarx_pass import _jax_private, match, parse, partitioned
 from equarx_pass.errors import EquarxError, ParseError, RewriteError
 from equarx_pass.policy import Policy
-from equarx_pass.rewrite import SiteRecord, rewrite_module
+from equarx_pass.rewrite import rewrite_module
+from equarx_pass.site_records import SiteRecord
 
 # The platforms an artifact may name, and the platform whose forms the pass emits there.
 PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "rocm": "gpu", "tpu": "tpu"}

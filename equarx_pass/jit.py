@@ -42,7 +42,8 @@ from equarx_pass import _jax_private, match, partitioned, report, topology
 from equarx_pass import tpu_aot
 from equarx_pass.errors import CompileError, EquarxWarning, FlagError, RewriteError
 from equarx_pass.policy import Policy
-from equarx_pass.rewrite import SiteRecord, rewrite_module
+from equarx_pass.rewrite import rewrite_module
+from equarx_pass.site_records import SiteRecord
 from equarx_pass.site_kind import SiteKind
 
 

@@ -296,6 +296,9 @@ class Site:
   # XLA's compiler runs the pair as a reduce-scatter, so natively it sends what a
   # reduce-scatter sends (plan.py prices it so).
   scattered: bool = False
+  # "bf16 summed as f32" for each operand type an all-reduce widens to its result's (the
+  # sum happens in the result's type), sorted: read while the op exists, for the report.
+  promoted: tuple[str, ...] = ()
 
   @property
   def nbytes(self) -> int:
@@ -420,8 +423,22 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
     function if function in facts.async_computations else None,
     kind,
     dimension,
+    promoted=_promoted(op),
   )
   return site, problem or group_problem
+
+
+def _promoted(op: ir.Operation) -> tuple[str, ...]:
+  """'bf16 summed as f32' for each (operand, result) element type pair that differs (none
+  where a type is not a ranked tensor: no candidate has one)."""
+  values = [*op.operands, *op.results]
+  if not all(isinstance(v.type, ir.RankedTensorType) for v in values):
+    return ()
+  pairs = {
+    (str(ir.RankedTensorType(a.type).element_type), str(ir.RankedTensorType(r.type).element_type))
+    for a, r in zip(op.operands, op.results)
+  }
+  return tuple(sorted(f"{a} summed as {r}" for a, r in pairs if a != r))
 
 
 def _replica_groups(attr: ir.Attribute, num_devices: int, facts: ModuleFacts):

@@ -11,6 +11,12 @@ does not apply:
   flat          the scheme over the whole group (also every reduce-scatter and all-gather,
                 and the calibrated scheme)
 
+A route is a type (below) that carries everything emission needs: a flat route its
+scheme; a hierarchical one its scheme, levels, the schedule across domains and (a
+reduce-scatter's or all-gather's) piece order; a calibrated one its plan of static scales
+(calibrated_routes, with --equarx_calibration).  site_patterns.py takes each route type
+and site kind to its pattern; site_records.py reads the same fields for the report.
+
 `--equarx_force` keeps every candidate whatever the prediction; nothing else does.
 Under `--equarx_identity` a site is planned exactly as without it (the same route chosen,
 the same sites kept and skipped) and then gets the "identity" route: the native collective,
@@ -20,36 +26,79 @@ rebuilt, sending what the native one sends.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from typing import Callable, ClassVar, Sequence
+
+import numpy as np
 
 from equarx_pass import cost, hierarchical, quantize_kernel
 from equarx_pass.algorithms.two_shot import TWO_SHOT
-from equarx_pass.layout import make_schedule
+from equarx_pass.calibrated import calibration, outlier
+from equarx_pass.calibrated.outlier_emit import CalibratedPlan
+from equarx_pass.layout import GroupSchedule, make_schedule
 from equarx_pass.match import Candidate, Decision, Skip
 from equarx_pass.policy import DTYPE_BYTES, Policy
 from equarx_pass.scheme import Scheme
 from equarx_pass.site_kind import SiteKind
-from equarx_pass.topology import Topology, split_groups
+from equarx_pass.topology import Levels, Topology, split_groups
 
 
 @dataclasses.dataclass(frozen=True)
 class Route:
-  """How a candidate is rewritten, with what it sends."""
+  """How a candidate is rewritten, with what it sends.  Each subclass is one route; its
+  `name` is what the report's records say."""
 
-  name: str  # "identity", "calibrated", "hierarchical", "flat" (site_patterns.py)
+  name: ClassVar[str] = ""
   native: cost.Traffic
   rewritten: cost.Traffic
   quantized_values: int  # operand values that enter the quantized all-reduce
   note: str = ""  # why the route was taken over a better one, for the report
-  # The scheme the site gets where it is not the policy's (a fallback algorithm:
-  # FALLBACK_ALGORITHMS); site_scheme() gives the one to emit.
-  scheme: Scheme | None = None
 
 
-def site_scheme(cand: Candidate, policy: Policy) -> Scheme:
-  """The scheme a planned candidate is emitted with."""
-  route = cand.route
-  return route.scheme if route is not None and route.scheme is not None else policy.scheme
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class FlatRoute(Route):
+  """The scheme's algorithm over the whole group."""
+
+  name: ClassVar[str] = "flat"
+  # The policy's, or a fallback algorithm's (FALLBACK_ALGORITHMS).
+  scheme: Scheme
+  # With --equarx_calibration, why this all-reduce keeps the dynamic scheme.
+  not_calibrated: str = ""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HierarchicalRoute(Route):
+  """Native inside each fast domain, the scheme across (hierarchical.py)."""
+
+  name: ClassVar[str] = "hierarchical"
+  scheme: Scheme
+  levels: Levels
+  outer: GroupSchedule  # the schedule of the groups across domains (levels.outer)
+  # A reduce-scatter's or all-gather's ranks in (position, domain) order; () for an
+  # all-reduce.
+  order: tuple[int, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CalibratedRoute(Route):
+  """--equarx_calibration: static scales and bf16 outlier features, flat two-shot."""
+
+  name: ClassVar[str] = "calibrated"
+  plan: CalibratedPlan
+  wire_bytes: int  # what one rank sends
+
+
+@dataclasses.dataclass(frozen=True)
+class IdentityRoute(Route):
+  """--equarx_identity: the native collective, rebuilt; it sends what the native sends."""
+
+  name: ClassVar[str] = "identity"
+
+
+@dataclasses.dataclass(frozen=True)
+class NativeRoute(Route):
+  """No rewrite: what a skipped all-reduce sends natively (the report's bytes)."""
+
+  name: ClassVar[str] = "native"
 
 
 def _operand_bytes(cand: Candidate) -> tuple[int, int]:
@@ -72,14 +121,17 @@ def _hierarchical(
   nbytes, itemsize = _operand_bytes(cand)
   k, s = levels.per_domain, levels.domains
   values = sum(o.size for o in site.operands)
-  note = f"levels={s}x{k}"
   native = _native(cand, nbytes, itemsize, topology)
+  outer = make_schedule(levels.outer)
   if site.kind == SiteKind.ALL_REDUCE:
     layout = scheme.layout(-(-values // k), s)
     inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
     across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(scheme, s))
-    return Route("hierarchical", native, inside + across, -(-values // k), note, scheme)
-  if isinstance(hierarchical.piece_order(site.groups, levels), str):
+    return HierarchicalRoute(
+      native, inside + across, -(-values // k), scheme=scheme, levels=levels, outer=outer
+    )
+  order = hierarchical.piece_order(site.groups, levels)
+  if isinstance(order, str):
     return None
   # Half of an all-reduce inside (a native reduce-scatter or all-gather of the whole
   # tensor) and a quantized reduce-scatter or all-gather of a 1/k part across.
@@ -91,7 +143,15 @@ def _hierarchical(
   across = cost.Traffic(
     slow=scheme.wire_bytes(layout, site.kind), slow_steps=max(1, _steps(scheme, s) // 2)
   )
-  return Route("hierarchical", native, inside + across, whole_values // k, note, scheme)
+  return HierarchicalRoute(
+    native,
+    inside + across,
+    whole_values // k,
+    scheme=scheme,
+    levels=levels,
+    outer=outer,
+    order=order,
+  )
 
 
 def _flat(cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme) -> Route:
@@ -113,7 +173,8 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme) -
     why = split_groups(site.groups, topology)
     if isinstance(why, str) and why != "inside one fast domain":
       note = f"not hierarchical: the group {why}"
-  return Route("flat", native, rewritten, sum(o.size for o in site.operands), note, scheme)
+  values = sum(o.size for o in site.operands)
+  return FlatRoute(native, rewritten, values, note, scheme=scheme)
 
 
 def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> cost.Traffic:
@@ -184,7 +245,7 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   if loses and not policy.force:
     return Skip(decision.site, f"{loses}; left native (--equarx_force rewrites it)", route, kept)
   if policy.identity:
-    route = Route("identity", route.native, route.native, 0, route.note)
+    route = IdentityRoute(route.native, route.native, 0, route.note)
   return dataclasses.replace(decision, route=route, prediction=kept, forced_over=loses or "")
 
 
@@ -216,22 +277,92 @@ def _kernel_priced(policy: Policy, scheme: Scheme) -> bool:
   )
 
 
-def calibrated(
-  cand: Candidate, wire_bytes: int, topology: Topology
-) -> tuple[Route, cost.Prediction]:
-  """The route and prediction of a site that gets the calibrated scheme (flat two-shot
-  sending `wire_bytes`): decide() priced it with the dynamic scheme's bytes, and the report
-  must give what the calibrated program sends.  The decision itself stands: the
-  calibrated scheme sends fewer bytes than the dynamic one it was priced as."""
+def calibrated_routes(
+  decisions: Sequence[Decision], policy: Policy, topology: Topology
+) -> list[Decision]:
+  """With --equarx_calibration: the decisions, each all-reduce candidate found in the file
+  on a CalibratedRoute (its plan of static scales and what it sends), the others on their
+  flat route with why they are not calibrated."""
+  if not policy.calibration or policy.identity:
+    return list(decisions)
+  calib = calibration.load_cached(policy.calibration)
+  out: list[Decision] = []
+  for decision in decisions:
+    site = decision.site
+    if not isinstance(decision, Candidate) or site.kind != SiteKind.ALL_REDUCE:
+      out.append(decision)
+      continue
+    why: str | None
+    if len(site.operands) != 1:
+      why = "several operands in one all-reduce"
+    else:
+      operand = site.operands[0]
+      why = calibration.mismatch(
+        calib.sites.get(site.index),
+        site.index,
+        site.location,
+        operand.shape,
+        operand.dtype,
+        site.groups,
+      )
+    if why:
+      route = dataclasses.replace(decision.route, not_calibrated=why)
+      out.append(dataclasses.replace(decision, route=route))
+      continue
+    site_plan = _calibrated_plan(decision, calib.sites[site.index], policy.calibration_clip)
+    route, prediction = _calibrated(decision, site_plan, topology)
+    out.append(dataclasses.replace(decision, route=route, prediction=prediction))
+  return out
+
+
+def _calibrated_plan(
+  cand: Candidate, entry: calibration.SiteCalibration, clip: float
+) -> CalibratedPlan:
+  site = cand.site
+  outliers = entry.outliers()
+  shape = site.operands[0].shape
+  assert shape is not None  # a candidate's shape is static
+  layout = outlier.make_layout(shape, site.group_size, outliers)
+  normal = list(layout.normal)
+  per_group = [entry.group_scales(group, outliers, clip) for group in cand.schedule.groups]
+  in_scale, in_reciprocal = zip(
+    *(outlier.static_scales(np.asarray(g.in_ranges, np.float32)[:, normal]) for g in per_group)
+  )
+  out_scale, out_reciprocal = zip(
+    *(outlier.static_scales(np.asarray(g.out_ranges, np.float32)[normal]) for g in per_group)
+  )
+  return CalibratedPlan(
+    layout,
+    cand.schedule,
+    site.device_kind,
+    site.num_devices,
+    np.stack(in_scale),
+    np.stack(in_reciprocal),
+    np.stack(out_scale),
+    np.stack(out_reciprocal),
+  )
+
+
+def _calibrated(
+  cand: Candidate, site_plan: CalibratedPlan, topology: Topology
+) -> tuple[CalibratedRoute, cost.Prediction]:
+  """The route and prediction of a site that gets the calibrated scheme (flat two-shot):
+  decide() priced it with the dynamic scheme's bytes, and the report must give what the
+  calibrated program sends.  The decision itself stands: the calibrated scheme sends
+  fewer bytes than the dynamic one it was priced as."""
   site = cand.site
   assert site.groups is not None and cand.route is not None
   group = site.groups[0]
+  wire_bytes = site_plan.layout.wire_bytes()
   steps = TWO_SHOT.collective_steps(len(group))
   crossing = TWO_SHOT.crossing_share([topology.domain_of(d) for d in group])
   rewritten = cost.quantized_flat(group, wire_bytes, steps, topology, crossing)
-  route = dataclasses.replace(cand.route, name="calibrated", rewritten=rewritten)
+  native, values = cand.route.native, cand.route.quantized_values
+  route = CalibratedRoute(
+    native, rewritten, values, cand.route.note, plan=site_plan, wire_bytes=wire_bytes
+  )
   sharing = max((len(p) for p in topology.split(group)), default=1)
-  prediction = cost.predict(route.native, rewritten, route.quantized_values, topology, sharing)
+  prediction = cost.predict(native, rewritten, values, topology, sharing)
   return route, prediction
 
 
@@ -244,7 +375,7 @@ def _with_native_traffic(skip: Skip, topology: Topology) -> Skip:
   itemsize = max(DTYPE_BYTES[o.dtype] for o in site.operands)
   nbytes = sum(o.size * DTYPE_BYTES[o.dtype] for o in site.operands)
   native = cost.native_all_reduce(site.groups[0], nbytes, itemsize, topology)
-  return dataclasses.replace(skip, route=Route("native", native, native, 0))
+  return dataclasses.replace(skip, route=NativeRoute(native, native, 0))
 
 
 def _sends_more(route: Route) -> str | None:
@@ -269,11 +400,3 @@ def _predicted_loss(prediction: cost.Prediction, route: Route, topology: Topolog
   return (
     f"{where}: rewrite predicted {prediction.speedup:.2f}x ({link.name} {link.gbytes_per_s:g} GB/s)"
   )
-
-
-def schedule_levels(cand: Candidate, topology: Topology):
-  """(inner groups, outer schedule) of a hierarchical candidate."""
-  assert cand.site.groups is not None
-  levels = split_groups(cand.site.groups, topology)
-  assert not isinstance(levels, str)
-  return levels, make_schedule(levels.outer)

@@ -30,6 +30,7 @@ inside it (BUILD_NOTES, "A kernel is priced by the bytes it reads and writes").
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
 from typing import Literal
@@ -404,13 +405,21 @@ def dequantize_module(
 class QuantizeKernels:
   """The kernels a module calls: each distinct one lowered once and moved into `module`
   as private functions.  `notes` has one entry per kernel asked for, (its stage, "" where
-  the kernel ran, else why not), and ("parts", how many) for a site taken in parts:
-  rewrite.py puts them in the site's report."""
+  the kernel ran, else why not), and ("parts", how many) for a site taken in parts: each
+  site is emitted with a view of its own (for_site), whose notes site_records.py puts in
+  the site's report."""
 
   def __init__(self, module: ir.Module, target: Target):
     self.module, self.target = module, target
     self._symbols: dict[tuple, str] = {}
     self.notes: list[tuple[str, str]] = []
+
+  def for_site(self) -> QuantizeKernels:
+    """A view for one site: the same module and kernels (each lowered once), notes of its
+    own."""
+    view = copy.copy(self)  # shares _symbols
+    view.notes = []
+    return view
 
   def why_not(self, tiles: int, element: str, columns: int = 0) -> str:
     """Why the quantize and dequantize kernels cannot take `tiles` tiles of `element`

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from equarx_pass.rewrite import SiteRecord
+from equarx_pass.site_records import SiteRecord
 from equarx_pass.site_kind import SiteKind
 
 

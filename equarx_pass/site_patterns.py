@@ -1,13 +1,14 @@
 """The rewrite patterns: what replaces a planned site, one pattern per route and site kind.
 
-plan.py gives every candidate a route ("identity", "calibrated", "hierarchical", "flat");
-rewrite.py asks each pattern in PATTERNS, in order, whether it matches the candidate and
+plan.py gives every candidate a typed route (plan.IdentityRoute, CalibratedRoute,
+HierarchicalRoute, FlatRoute) carrying what emission needs; rewrite.py asks each pattern
+in PATTERNS, in order, whether it matches the candidate's route type and site kind, and
 takes the first that does.  A pattern builds a Replacement: the function that emits the
 new ops for the site's operands, what it is (for error messages) and what a user can do
 when emitting fails.  rewrite.py puts it in place (and outlines it where asked).
 
-A new route is a pattern here and a route function in plan.py; nothing else branches on
-route names.
+A new route is a route type and function in plan.py and a pattern here (and its words in
+site_records.py); nothing else branches on routes.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass import hierarchical, match, plan
 from equarx_pass.all_gather import emit_all_gather
-from equarx_pass.calibrated.outlier_emit import CalibratedPlan, emit_calibrated_allreduce
+from equarx_pass.calibrated.outlier_emit import emit_calibrated_allreduce
 from equarx_pass.forms import Pieces, SitePlan
 from equarx_pass.hlo_builder import ChannelAllocator, Emitter
 from equarx_pass.policy import Policy
@@ -44,12 +45,20 @@ class RewriteContext:
   topology: Topology
   target: str  # the platform compiled for: "cpu", "gpu", "tpu"
   tiled_form: bool  # False: the flat form (the policy says why)
-  calibrated: dict[int, CalibratedPlan]  # by site index
-  kernels: QuantizeKernels | None = None  # the kernel form's kernels (--equarx_form=kernel)
+  # The kernel form's kernels (--equarx_form=kernel); in the context of one site
+  # (for_site), a view whose notes are that site's.
+  kernels: QuantizeKernels | None = None
+
+  def for_site(self) -> RewriteContext:
+    """This context for one site: the kernels' notes it gathers are its own."""
+    if self.kernels is None:
+      return self
+    return dataclasses.replace(self, kernels=self.kernels.for_site())
 
   def site_plan(self, cand: match.Candidate, layout, schedule) -> SitePlan:
     site = cand.site
-    scheme = plan.site_scheme(cand, self.policy)
+    assert isinstance(cand.route, (plan.FlatRoute, plan.HierarchicalRoute))
+    scheme = cand.route.scheme
     unrolled = site.nbytes >= self.policy.unroll_min_bytes
     return SitePlan(
       layout,
@@ -88,15 +97,11 @@ class SitePattern(Protocol):
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement: ...
 
 
-def _route(cand: match.Candidate) -> str:
-  return cand.route.name if cand.route is not None else "flat"
-
-
 class IdentityPattern:
   """--equarx_identity: the native collective, rebuilt."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "identity"
+    return isinstance(cand.route, plan.IdentityRoute)
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
     # Never outlined: a call boundary keeps the rounding of a bf16 operand that XLA:CPU
@@ -113,10 +118,11 @@ class CalibratedPattern:
   """--equarx_calibration: static scales and bf16 outlier features (calibrated/)."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "calibrated"
+    return isinstance(cand.route, plan.CalibratedRoute)
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
-    site_plan = ctx.calibrated[cand.site.index]
+    assert isinstance(cand.route, plan.CalibratedRoute)
+    site_plan = cand.route.plan
     return Replacement(
       lambda operands: emit_calibrated_allreduce(operands, site_plan, ctx.channels),
       "the calibrated scheme",
@@ -128,11 +134,13 @@ class HierarchicalAllReducePattern:
   """An all-reduce over several fast domains: native inside each, quantized across."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "hierarchical" and cand.site.kind == SiteKind.ALL_REDUCE
+    hierarchical_route = isinstance(cand.route, plan.HierarchicalRoute)
+    return hierarchical_route and cand.site.kind == SiteKind.ALL_REDUCE
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
-    site, scheme = cand.site, plan.site_scheme(cand, ctx.policy)
-    levels, outer = plan.schedule_levels(cand, ctx.topology)
+    route = cand.route
+    assert isinstance(route, plan.HierarchicalRoute)
+    site, scheme, levels, outer = cand.site, route.scheme, route.levels, route.outer
 
     def cross(piece: ir.Value) -> ir.Value:
       (size,) = ir.RankedTensorType(piece.type).shape
@@ -159,14 +167,14 @@ class HierarchicalPiecesPattern:
   tensor inside each domain, the quantized one of a 1/k part across."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "hierarchical" and cand.site.kind != SiteKind.ALL_REDUCE
+    hierarchical_route = isinstance(cand.route, plan.HierarchicalRoute)
+    return hierarchical_route and cand.site.kind != SiteKind.ALL_REDUCE
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
-    site, scheme = cand.site, plan.site_scheme(cand, ctx.policy)
-    levels, outer = plan.schedule_levels(cand, ctx.topology)
-    assert site.groups is not None
-    order = hierarchical.piece_order(site.groups, levels)
-    assert not isinstance(order, str)  # the plan checked it
+    route = cand.route
+    assert isinstance(route, plan.HierarchicalRoute)
+    site, scheme, levels, outer = cand.site, route.scheme, route.levels, route.outer
+    order = route.order
     result_type = ir.RankedTensorType((cand.slice_op or cand.op).results[0].type)
     gather = site.kind == SiteKind.ALL_GATHER
 
@@ -202,10 +210,11 @@ class FlatAllReducePattern:
   """The scheme's algorithm over the whole group."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "flat" and cand.site.kind == SiteKind.ALL_REDUCE
+    return isinstance(cand.route, plan.FlatRoute) and cand.site.kind == SiteKind.ALL_REDUCE
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
-    scheme = plan.site_scheme(cand, ctx.policy)
+    assert isinstance(cand.route, plan.FlatRoute)
+    scheme = cand.route.scheme
     emit = functools.partial(
       scheme.algo.emit,
       plan=ctx.site_plan(cand, cand.layout, cand.schedule),
@@ -220,10 +229,11 @@ class FlatPiecesPattern:
   all_gather) over the whole group."""
 
   def matches(self, cand: match.Candidate) -> bool:
-    return _route(cand) == "flat" and cand.site.kind != SiteKind.ALL_REDUCE
+    return isinstance(cand.route, plan.FlatRoute) and cand.site.kind != SiteKind.ALL_REDUCE
 
   def replacement(self, cand: match.Candidate, ctx: RewriteContext) -> Replacement:
-    site = cand.site
+    site, route = cand.site, cand.route
+    assert isinstance(route, plan.FlatRoute)
     result = (cand.slice_op or cand.op).results[0]
     pieces = Pieces(
       site.dimension,
@@ -231,9 +241,7 @@ class FlatPiecesPattern:
       ir.RankedTensorType(result.type),
     )
     emitter = (
-      plan.site_scheme(cand, ctx.policy).algo.emit_pieces
-      if site.kind == SiteKind.REDUCE_SCATTER
-      else emit_all_gather
+      route.scheme.algo.emit_pieces if site.kind == SiteKind.REDUCE_SCATTER else emit_all_gather
     )
     site_plan = ctx.site_plan(cand, cand.layout, cand.schedule)
     return Replacement(
@@ -257,7 +265,8 @@ def pattern_for(cand: match.Candidate) -> SitePattern:
   for pattern in PATTERNS:
     if pattern.matches(cand):
       return pattern
-  raise AssertionError(f"no rewrite pattern for route {_route(cand)!r} of a {cand.site.kind}")
+  name = cand.route.name if cand.route is not None else None
+  raise AssertionError(f"no rewrite pattern for route {name!r} of a {cand.site.kind}")
 
 
 def emit_native(cand: match.Candidate, operands: list[ir.Value]) -> list[ir.Value]:

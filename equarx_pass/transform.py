@@ -19,7 +19,8 @@ from typing import Any
 from equarx_pass import _jax_private, exported, match, parse, tpu_aot
 from equarx_pass.errors import CompileError, EquarxError, FlagError, RewriteError, VerifyError
 from equarx_pass.policy import Policy
-from equarx_pass.rewrite import SiteRecord, rewrite_module
+from equarx_pass.rewrite import rewrite_module
+from equarx_pass.site_records import SiteRecord
 
 # --output_format: "auto" is "exported" for an artifact, else "stablehlo"; a file's name
 # can say it (OUTPUT_SUFFIXES).
