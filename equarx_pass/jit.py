@@ -388,7 +388,7 @@ class Jitted:
       module,
       self.policy,
       _jax_private.lowered_platform(lowered),
-      lowered_topology(lowered, self.policy),
+      _jax_private.lowered_devices(lowered),
     )
     tpu = self._compile_for_target(result.module, module)
     self._record(
@@ -409,7 +409,7 @@ class Jitted:
   def _rewrite_partitioned(self, lowered, module, args, kwargs):
     """`module`: the lowering's StableHLO, the original --equarx_compile_for compares with."""
     done = partitioned.rewrite_partitioned(
-      lowered, self.policy, lowered_topology(lowered, self.policy)
+      lowered, self.policy, _jax_private.lowered_devices(lowered)
     )
     tpu = self._compile_for_target(done.module, module)
     self._record(
@@ -487,17 +487,6 @@ class Jitted:
   def __getattr__(self, name):
     # trace, eval_shape, ...: the jax.jit object's own.
     return getattr(self._jitted, name)
-
-
-def lowered_topology(lowered, policy: Policy) -> topology.Topology:
-  """The fast domains of the lowering's devices (TPU slices, processes), by position."""
-  platform = policy.target_platform(_jax_private.lowered_platform(lowered))
-  return topology.from_devices(
-    _jax_private.lowered_devices(lowered),
-    platform,
-    policy.fast_link_bandwidth,
-    policy.slow_link_bandwidth,
-  )
 
 
 def _nothing_rewritten(low: LoweringReport, policy: Policy) -> str:

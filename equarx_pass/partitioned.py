@@ -88,9 +88,9 @@ class PartitionedRewrite:
   compiled_all_reduces: int | None
 
 
-def rewrite_partitioned(lowered, policy: Policy, topology=None) -> PartitionedRewrite:
+def rewrite_partitioned(lowered, policy: Policy, devices=None) -> PartitionedRewrite:
   """Compile `lowered` once to get its per-device program, rewrite it, rebuild it.
-  `topology`: the fast domains of its devices (rewrite.rewrite_module).
+  `devices`: its devices, whose fast domains the sites are planned on (rewrite.rewrite_module).
 
   Raises NotPartitionable with `.compiled` set to the read compile's executable where it
   is plain jax.jit's own (so that the caller need not compile again)."""
@@ -105,7 +105,7 @@ def rewrite_partitioned(lowered, policy: Policy, topology=None) -> PartitionedRe
   except NotPartitionable as e:
     e.compiled = compiled if reusable else None
     raise
-  result = rewrite_module(per_device, policy, _jax_private.lowered_platform(lowered), topology)
+  result = rewrite_module(per_device, policy, _jax_private.lowered_platform(lowered), devices)
   module = None
   if result.modified or policy.identity:  # identity: rebuild even with no site selected
     in_shardings, out_shardings = _jax_private.executable_shardings(compiled)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import time
+from typing import Any, Sequence
 
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
@@ -54,14 +55,14 @@ def rewrite_module(
   module: ir.Module,
   policy: Policy,
   platform: str | None = None,
-  topology: topology_lib.Topology | None = None,
+  devices: Sequence[Any] | None = None,
 ) -> RewriteResult:
   """Rewrite the all-reduces of a copy of `module` that `policy` selects.
 
   platform: the JAX platform the result will be compiled for ("cpu", "gpu", "tpu"),
   when known; with --equarx_outline=auto, sites are outlined only for "cpu".
-  topology: the fast domains of the module's device ids and their links (topology.py);
-  default: from --equarx_domain_devices / --equarx_domains, else one host per device.
+  devices: the program's devices, by logical id (jax devices), where known: their fast
+  domains (TPU slices, processes) unless the flags say others (topology.derive).
 
   copy -> match -> plan -> emit -> verify; the records are built last, from what was
   decided and emitted (site_records.py).
@@ -72,8 +73,7 @@ def rewrite_module(
   target = policy.target_platform(platform)
   policy, flat_why = policy.replace(platform=target).resolved()
   facts = match.module_facts(out)
-  if topology is None or policy.domain_devices or policy.domains:
-    topology = default_topology(facts, policy, target)
+  topology = _topology(facts, policy, target, devices)
   ops = match.find_sites(out, policy.ops)
   decisions = [
     plan.decide(match.match(op, i, facts, policy), policy, topology) for i, op in enumerate(ops)
@@ -121,21 +121,19 @@ def _quantize_kernels(
   return quantize_kernel.QuantizeKernels(module, where), ""  # type: ignore[arg-type]
 
 
-def default_topology(
-  facts: match.ModuleFacts, policy: Policy, platform: str
+def _topology(
+  facts: match.ModuleFacts, policy: Policy, platform: str, devices: Sequence[Any] | None
 ) -> topology_lib.Topology:
-  """The topology the flags give for the module's devices: --equarx_domain_devices or
-  --equarx_domains; else one TPU slice for --equarx_compile_for=tpu:TOPOLOGY (a named
-  topology is one slice), else one host per device."""
-  domains = policy.domains
-  if not domains and not policy.domain_devices and policy.compile_for.startswith("tpu:"):
-    domains = 1
+  """The module's topology by the one rule (topology.derive), from the policy's flags."""
   try:
-    return topology_lib.from_size(
+    return topology_lib.derive(
       facts.num_partitions * facts.num_replicas,
       platform,
+      devices,
       policy.domain_devices,
-      domains,
+      policy.domains,
+      # A named topology is one slice.
+      policy.compile_for.startswith("tpu:"),
       policy.fast_link_bandwidth,
       policy.slow_link_bandwidth,
     )
