@@ -52,6 +52,7 @@ import dataclasses
 from typing import Sequence
 
 from equarx_pass.topology import Topology
+from equarx_pass.traffic import Declaration
 
 # platform: (seconds per site, seconds per value)
 COMPUTE_S = {"tpu": (7e-6, 2.6e-11), "gpu": (4.2e-5, 1.2e-11), "cpu": (2e-4, 1.3e-8)}
@@ -140,19 +141,23 @@ def native_inside(per_domain: int, nbytes: int, dtype_bytes: int, platform: str)
   return Traffic(fast=passes * (k - 1) / k * wire, fast_steps=2)
 
 
-def quantized_flat(
-  group: Sequence[int], wire_bytes: int, steps: int, topology: Topology, crossing: float
-) -> Traffic:
-  """The quantized all-reduce over the whole group: `wire_bytes` per device in `steps`
-  collective steps, the share `crossing` of them across domains (what the algorithm
-  declares for the group's domains: Algorithm.crossing_share)."""
-  slow = wire_bytes * crossing
+def priced(declared: Declaration) -> Traffic:
+  """A declaration as traffic per link class: its crossing share on the slow links, the
+  rest on the fast ones, every step on each class it uses."""
+  wire_bytes, steps = declared.wire_bytes, declared.steps
+  slow = wire_bytes * declared.crossing
   return Traffic(
     fast=wire_bytes - slow,
     slow=slow,
     fast_steps=steps if slow < wire_bytes else 0,
     slow_steps=steps if slow > 0 else 0,
   )
+
+
+def across(declared: Declaration) -> Traffic:
+  """A declaration sent whole across domains (the quantized part of a hierarchical
+  site, one member of each domain in its group)."""
+  return Traffic(slow=declared.wire_bytes, slow_steps=declared.steps)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -40,6 +40,7 @@ from equarx_pass.policy import DTYPE_BYTES, Policy
 from equarx_pass.scheme import Scheme
 from equarx_pass.site_kind import SiteKind
 from equarx_pass.topology import Levels, Topology, split_groups
+from equarx_pass.traffic import Declaration
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,10 +124,11 @@ def _hierarchical(
   values = sum(o.size for o in site.operands)
   native = _native(cand, nbytes, itemsize, topology)
   outer = make_schedule(levels.outer)
+  across_domains = range(s)  # one member of each domain
   if site.kind == SiteKind.ALL_REDUCE:
     layout = scheme.layout(-(-values // k), s)
     inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
-    across = cost.Traffic(slow=scheme.wire_bytes(layout), slow_steps=_steps(scheme, s))
+    across = cost.across(scheme.traffic(layout, site.kind, across_domains))
     return HierarchicalRoute(
       native, inside + across, -(-values // k), scheme=scheme, levels=levels, outer=outer
     )
@@ -140,9 +142,7 @@ def _hierarchical(
   layout = scheme.layout(whole_values // k, s)
   half = cost.native_inside(k, whole, itemsize, topology.platform)
   inside = cost.Traffic(fast=half.fast / 2, fast_steps=1)
-  across = cost.Traffic(
-    slow=scheme.wire_bytes(layout, site.kind), slow_steps=max(1, _steps(scheme, s) // 2)
-  )
+  across = cost.across(scheme.traffic(layout, site.kind, across_domains))
   return HierarchicalRoute(
     native,
     inside + across,
@@ -159,15 +159,9 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme) -
   assert site.groups is not None
   group = site.groups[0]
   nbytes, itemsize = _operand_bytes(cand)
-  wire = scheme.wire_bytes(cand.layout, site.kind)
-  # An all-gather sends as the two-shot's second half does, whatever the algorithm.
-  algo = TWO_SHOT if site.kind == SiteKind.ALL_GATHER else scheme.algo
-  crossing = algo.crossing_share([topology.domain_of(d) for d in group])
   native = _native(cand, nbytes, itemsize, topology)
-  steps = _steps(scheme, len(group))
-  if site.kind != SiteKind.ALL_REDUCE:  # half an all-reduce's steps
-    steps = max(1, steps // 2)
-  rewritten = cost.quantized_flat(group, wire, steps, topology, crossing)
+  domains = [topology.domain_of(d) for d in group]
+  rewritten = cost.priced(scheme.traffic(cand.layout, site.kind, domains))
   note = ""
   if site.kind == SiteKind.ALL_REDUCE and policy.hierarchy == "auto" and not policy.calibration:
     why = split_groups(site.groups, topology)
@@ -189,12 +183,6 @@ def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> 
   whole = nbytes * len(group) if site.kind == SiteKind.ALL_GATHER else nbytes
   full = cost.native_all_reduce(group, whole, itemsize, topology)
   return cost.Traffic(full.fast / 2, full.slow / 2, full.fast_steps // 2, full.slow_steps // 2)
-
-
-def _steps(scheme: Scheme, group_size: int) -> int:
-  """Collective steps one site takes one after the other: the algorithm's (the tiled
-  form's codes and scales travel side by side, in flight together)."""
-  return scheme.algo.collective_steps(group_size)
 
 
 ROUTES: list[Callable[[Candidate, Policy, Topology, Scheme], Route | None]] = [
@@ -354,9 +342,10 @@ def _calibrated(
   assert site.groups is not None and cand.route is not None
   group = site.groups[0]
   wire_bytes = site_plan.layout.wire_bytes()
-  steps = TWO_SHOT.collective_steps(len(group))
-  crossing = TWO_SHOT.crossing_share([topology.domain_of(d) for d in group])
-  rewritten = cost.quantized_flat(group, wire_bytes, steps, topology, crossing)
+  # The two-shot's steps and share across domains, with the calibrated layout's bytes.
+  domains = [topology.domain_of(d) for d in group]
+  steps, crossing = TWO_SHOT.collective_steps(len(group)), TWO_SHOT.crossing_share(domains)
+  rewritten = cost.priced(Declaration(wire_bytes, steps, crossing))
   native, values = cand.route.native, cand.route.quantized_values
   route = CalibratedRoute(
     native, rewritten, values, cand.route.note, plan=site_plan, wire_bytes=wire_bytes

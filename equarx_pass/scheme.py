@@ -21,6 +21,7 @@ from equarx_pass.algorithms import ALGORITHMS, Algorithm
 from equarx_pass.formats import FORMATS, Format
 from equarx_pass.layout import GRID_SCALES, ChunkLayout, chunk_layout, pad_chunks, unpad
 from equarx_pass.site_kind import SiteKind
+from equarx_pass.traffic import Declaration
 
 BLOCK_LAYOUTS = ("fixed", "grid")
 ROUNDINGS = ("nearest", "stochastic")
@@ -136,6 +137,21 @@ class Scheme:
     count = self.microshards * self.directions
     size = layout.chunk // count
     return [Lane(1 if i < self.microshards else -1, i * size, size) for i in range(count)]
+
+  def traffic(self, layout: ChunkLayout, kind: SiteKind, domains: Sequence[int]) -> Declaration:
+    """What a site of `kind` sends over a group whose member r is in domain `domains[r]`:
+    the algorithm's declaration (an all-reduce, a reduce-scatter's half), or an
+    all-gather's, which is one quantization and one all_gather whatever the algorithm:
+    N-1 pieces, moved across domains as the two-shot's all-gather moves them.  Its steps
+    are half the algorithm's all-reduce's (at least one), as the plan has always priced
+    them."""
+    if kind == SiteKind.ALL_REDUCE:
+      return self.algo.traffic(layout, self.fmt, domains)
+    if kind == SiteKind.REDUCE_SCATTER:
+      return self.algo.reduce_scatter_traffic(layout, self.fmt, domains)
+    steps = max(1, self.algo.collective_steps(len(domains)) // 2)
+    crossing = ALGORITHMS["two_shot"].crossing_share(domains)
+    return Declaration(self.wire_bytes(layout, kind), steps, crossing)
 
   def wire_bytes(self, layout: ChunkLayout, kind: SiteKind = SiteKind.ALL_REDUCE) -> int:
     """Bytes one rank sends for a site of `layout`, as the algorithm sends them: what

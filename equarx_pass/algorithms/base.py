@@ -17,6 +17,7 @@ from equarx_pass.formats import Format
 from equarx_pass.forms import FlatSite, Pieces, SitePlan, TiledSite
 from equarx_pass.hlo_builder import ChannelAllocator
 from equarx_pass.layout import ChunkLayout
+from equarx_pass.traffic import Declaration
 
 if TYPE_CHECKING:
   from equarx_pass.scheme import Scheme
@@ -65,6 +66,25 @@ class Algorithm:
     everything to its neighbour in group order."""
     n = len(domains)
     return sum(domains[r] != domains[(r + 1) % n] for r in range(n)) / n
+
+  def traffic(self, layout: ChunkLayout, fmt: Format, domains: Sequence[int]) -> Declaration:
+    """What one all-reduce of `layout` sends over a group whose member r is in domain
+    `domains[r]`: the one declaration the cost model prices (cost.priced), from
+    wire_bytes, collective_steps and crossing_share."""
+    n = len(domains)
+    return Declaration(
+      self.wire_bytes(layout, fmt), self.collective_steps(n), self.crossing_share(domains)
+    )
+
+  def reduce_scatter_traffic(
+    self, layout: ChunkLayout, fmt: Format, domains: Sequence[int]
+  ) -> Declaration:
+    """The reduce-scatter half's: its bytes, half the all-reduce's steps (at least one),
+    the same share across domains."""
+    steps = max(1, self.collective_steps(len(domains)) // 2)
+    return Declaration(
+      self.reduce_scatter_wire_bytes(layout, fmt), steps, self.crossing_share(domains)
+    )
 
   def reduce_scatter_wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """Bytes one rank sends for the reduce-scatter half: N-1 quantized chunks."""
