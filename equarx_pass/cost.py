@@ -43,7 +43,8 @@ was measured:
                 results/tpu_sizes_kernel.json): 11.3-11.5 ps a value from 16 MiB up
                 (11.6-11.9 at 4 MiB), and 0.5-0.7 us a site beyond its values at 1 MiB
                 and below.
-Elsewhere (GPU: not yet timed) the kernel form is priced as the tiled form.
+Elsewhere (GPU: not yet timed) the kernel form is priced as the tiled form.  The figures
+are data, each platform's PlatformRules.compute_s and kernel_compute_s (platforms.py).
 """
 
 from __future__ import annotations
@@ -51,12 +52,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Sequence
 
+from equarx_pass.platforms import rules_for
 from equarx_pass.topology import Topology
 from equarx_pass.traffic import Declaration
-
-# platform: (seconds per site, seconds per value)
-COMPUTE_S = {"tpu": (7e-6, 2.6e-11), "gpu": (4.2e-5, 1.2e-11), "cpu": (2e-4, 1.3e-8)}
-KERNEL_COMPUTE_S = {"tpu": (7e-7, 1.14e-11)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,8 +87,8 @@ class Traffic:
 
 def wire_itemsize(dtype_bytes: int, platform: str) -> int:
   """Bytes per element a native float collective puts on the wire: XLA:CPU widens 16-bit
-  floats to f32 on the wire."""
-  return 4 if platform == "cpu" and dtype_bytes == 2 else dtype_bytes
+  floats to f32 on the wire (PlatformRules.widens_16_bit_on_wire)."""
+  return 4 if rules_for(platform).widens_16_bit_on_wire and dtype_bytes == 2 else dtype_bytes
 
 
 def _split(group: Sequence[int], topology: Topology) -> tuple[int, int]:
@@ -117,7 +115,7 @@ def native_all_reduce(
   wire = nbytes * wire_itemsize(dtype_bytes, topology.platform) // max(dtype_bytes, 1)
   if domains == 1:
     return Traffic(fast=2 * (n - 1) / n * wire, fast_steps=1)
-  if topology.platform == "cpu":
+  if rules_for(topology.platform).native_across == "ring":
     return Traffic(
       fast=2 * (n - 1) / n * wire * (k - 1) / k,
       slow=2 * (n - 1) / n * wire / k,
@@ -133,11 +131,12 @@ def native_all_reduce(
 
 
 def native_inside(per_domain: int, nbytes: int, dtype_bytes: int, platform: str) -> Traffic:
-  """A native reduce-scatter and all-gather of `nbytes` inside a domain of k devices (on
-  CPU an all-reduce for the reduce-scatter: hierarchical.domain_piece)."""
+  """A native reduce-scatter and all-gather of `nbytes` inside a domain of k devices (an
+  all-reduce for the reduce-scatter where the platform takes the pieces so:
+  PlatformRules.pieces_by_all_reduce, hierarchical.domain_piece)."""
   k = per_domain
   wire = nbytes * wire_itemsize(dtype_bytes, platform) // max(dtype_bytes, 1)
-  passes = 3 if platform == "cpu" else 2
+  passes = 3 if rules_for(platform).pieces_by_all_reduce else 2
   return Traffic(fast=passes * (k - 1) / k * wire, fast_steps=2)
 
 
@@ -184,9 +183,10 @@ def predict(
   """Native against rewritten time; `quantized_values` enter the quantized all-reduce
   (none: no on-chip work added); `sharing` devices of a domain send alike; `kernels`:
   the kernel form's on-chip cost where it has one."""
-  per_site, per_value = COMPUTE_S.get(topology.platform, COMPUTE_S["tpu"])
-  if kernels:
-    per_site, per_value = KERNEL_COMPUTE_S.get(topology.platform, (per_site, per_value))
+  rules = rules_for(topology.platform)
+  per_site, per_value = rules.compute_s
+  if kernels and rules.kernel_compute_s is not None:
+    per_site, per_value = rules.kernel_compute_s
   compute_s = per_site + quantized_values * per_value if quantized_values else 0.0
   return Prediction(
     native,

@@ -19,6 +19,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import sdy, stablehlo
 
 from equarx_pass.layout import ChunkLayout, DeviceKind, GroupSchedule, make_schedule
+from equarx_pass.platforms import rules_for
 from equarx_pass.policy import DTYPE_BYTES, Policy
 from equarx_pass.site_kind import SiteKind
 
@@ -595,7 +596,7 @@ def _check_known_divergence(site, op, policy, problem):
     and scheme.fmt.bits == 4
     and scheme.block_layout == "grid"
     and scheme.algorithm != "two_shot"
-    and (site.group_size == 2 or policy.platform == "cpu")
+    and (site.group_size == 2 or not rules_for(policy.platform).collectives_in_loops)
   ):
     # Written out (2 ranks: XLA inlines the one-step loops; on XLA:CPU the pass writes
     # every ring out), the last partial sum is an expression XLA recomputes in each of

@@ -17,6 +17,8 @@ from equarx_pass import scheme as scheme_lib
 from equarx_pass.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 from equarx_pass.formats import FORMATS as FORMAT_REGISTRY
 from equarx_pass.errors import FlagError
+from equarx_pass.platforms import PLATFORMS as PLATFORM_RULES
+from equarx_pass.platforms import rules_for
 from equarx_pass.site_kind import SITE_KINDS, SiteKind
 
 ENV_VAR = "EQUARX_FLAGS"
@@ -152,7 +154,7 @@ class Policy:
       ("block_layout", self.block_layout, BLOCK_LAYOUTS),
       ("partitioned", self.partitioned, PARTITIONED_MODES),
       ("outline", self.outline, OUTLINE_MODES),
-      ("platform", self.platform, PLATFORMS),
+      ("platform", self.platform, ("auto", *PLATFORM_RULES)),
       ("form", self.form, FORMS),
       ("hierarchy", self.hierarchy, HIERARCHIES),
     ):
@@ -214,7 +216,8 @@ class Policy:
   def outlines(self, platform: str | None) -> bool:
     """Whether rewritten sites become out-of-line calls in a program that will be
     compiled for `platform` (a JAX platform name, "cpu"; None: not known)."""
-    return self.outline == "on" or (self.outline == "auto" and platform == "cpu")
+    auto = rules_for(platform).outline_by_default
+    return self.outline == "on" or (self.outline == "auto" and auto)
 
   def target_platform(self, platform: str | None) -> str:
     """The platform whose forms are emitted, given where the program will be compiled

@@ -26,6 +26,7 @@ from equarx_pass.all_gather import emit_all_gather
 from equarx_pass.calibrated.outlier_emit import emit_calibrated_allreduce
 from equarx_pass.forms import Pieces, SitePlan
 from equarx_pass.hlo_builder import ChannelAllocator, Emitter
+from equarx_pass.platforms import rules_for
 from equarx_pass.policy import Policy
 from equarx_pass.quantize_kernel import QuantizeKernels
 from equarx_pass.site_kind import SiteKind
@@ -60,6 +61,7 @@ class RewriteContext:
     assert isinstance(cand.route, (plan.FlatRoute, plan.HierarchicalRoute))
     scheme = cand.route.scheme
     unrolled = site.nbytes >= self.policy.unroll_min_bytes
+    rules = rules_for(self.target)
     return SitePlan(
       layout,
       schedule,
@@ -67,14 +69,11 @@ class RewriteContext:
       site.num_devices,
       scheme,
       unrolled=unrolled,
-      # On CPU: the model's butterflies (its bits), and no collective inside a loop.
-      matmul_rotation=self.target != "cpu",
-      nan_in_combiner=self.target != "cpu",
-      tile_order=self.target == "tpu",
-      # One payload per exchange compiles faster where many small sites sit in one
-      # program; large sites run faster without the packing copies (forms.py).
-      pack_scales=self.target == "cpu" and not unrolled,
-      collectives_in_loops=self.target != "cpu",
+      matmul_rotation=rules.matmul_rotation,
+      nan_in_combiner=rules.nan_in_combiner,
+      tile_order=rules.tile_order,
+      pack_scales=rules.pack_small_scales and not unrolled,
+      collectives_in_loops=rules.collectives_in_loops,
       # Only where the site quantizes its chunks once, together: two-shot's first
       # quantize, an all-gather's only one.
       quantize_kernels=self.kernels
@@ -156,8 +155,9 @@ class HierarchicalAllReducePattern:
       channels=ctx.channels,
       cross=cross,
       num_devices=site.num_devices,
-      # On CPU the pieces inside a domain come from an all-reduce (domain_piece says why).
-      by_all_reduce=ctx.target == "cpu",
+      # Where the platform takes them so, the pieces inside a domain come from an
+      # all-reduce (domain_piece says why).
+      by_all_reduce=rules_for(ctx.target).pieces_by_all_reduce,
     )
     return Replacement(emit, f"the hierarchical {scheme.algorithm} all-reduce", _EXCLUDE)
 
@@ -200,7 +200,7 @@ class HierarchicalPiecesPattern:
         ctx.channels,
         cross_pieces,
         site.num_devices,
-        ctx.target == "cpu",
+        rules_for(ctx.target).pieces_by_all_reduce,
       )
 
     return Replacement(emit, f"the hierarchical {site.kind}", _EXCLUDE)

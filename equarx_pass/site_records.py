@@ -14,6 +14,7 @@ import dataclasses
 from typing import Literal, Mapping, Sequence
 
 from equarx_pass import cost, forms, match, plan
+from equarx_pass.platforms import rules_for
 from equarx_pass.policy import DTYPE_BYTES, Policy
 from equarx_pass.site_kind import SiteKind
 
@@ -108,7 +109,8 @@ def _tile_order_note(decision: match.Decision, policy: Policy, route: plan.Route
   """Where a TPU's tiled form takes the operand's blocks: in its own (8, 128) tiles, or in
   its flat order (which the compiler relayouts), and why (forms.tile_grid)."""
   flat = isinstance(route, plan.FlatRoute)
-  if policy.platform != "tpu" or not flat or decision.site.kind != SiteKind.ALL_REDUCE:
+  tile_order = rules_for(policy.platform).tile_order
+  if not tile_order or not flat or decision.site.kind != SiteKind.ALL_REDUCE:
     return ""
   if not isinstance(decision, match.Candidate) or decision.slice_op is not None:
     return ""

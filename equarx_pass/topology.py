@@ -12,8 +12,7 @@ Device ids are the logical ids the module's replica groups name (partition ids o
 routes), so `domains[i]` is the domain of the device at position i of the program's device
 assignment.
 
-Link figures are defaults from public sources, per device and direction (docs/topology.md
-cites them); `--equarx_fast_link_bandwidth` and `--equarx_slow_link_bandwidth` override them.
+The link classes and each platform's rules are data in platforms.py.
 """
 
 from __future__ import annotations
@@ -21,66 +20,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Sequence
 
-
-@dataclasses.dataclass(frozen=True)
-class LinkClass:
-  """One class of link: its name, what one device sends over it per second (one
-  direction), and what each collective step costs before any byte moves."""
-
-  name: str
-  gbytes_per_s: float
-  latency_s: float
-  # The bandwidth is per device (a TPU chip's DCN share, a GPU's own NIC), or per fast
-  # domain, shared by its devices (a CPU host's network interface).
-  per_device: bool = True
-
-  def seconds(self, nbytes: float, steps: int, sharing: int = 1) -> float:
-    """Time for one device to send `nbytes` in `steps` steps while `sharing` devices of
-    its domain send as much (it matters only where the link is the domain's)."""
-    share = 1 if self.per_device else sharing
-    return nbytes * share / (self.gbytes_per_s * 1e9) + steps * self.latency_s
-
-  def with_bandwidth(self, gbytes_per_s: float) -> LinkClass:
-    return dataclasses.replace(self, gbytes_per_s=gbytes_per_s) if gbytes_per_s else self
-
-
-# (fast, slow) per TPU generation, by the start of the device's device_kind.
-#   ICI: v5e ~45 GB/s per link one way, v5p and v6e ~90; a ring all-reduce drives at
-#   least two links of a chip (both directions of a bidirectional ring), so twice that.
-#   DCN: a v5e pod's 6.4 Tbit/s over 256 chips, 25 Gbit/s = 3.1 GB/s per chip; v5p 50 Gbit/s
-#   per chip.  v4 and v6e publish no per-chip DCN figure: v5e's is used.
-# Longest prefix first: v5p's device kind is "TPU v5", v5e's "TPU v5 lite".
-TPU_LINKS = {
-  "TPU v5 lite": (LinkClass("ici", 90.0, 1e-6), LinkClass("dcn", 3.125, 2e-5)),
-  "TPU v6 lite": (LinkClass("ici", 180.0, 1e-6), LinkClass("dcn", 3.125, 2e-5)),
-  "TPU v5": (LinkClass("ici", 180.0, 1e-6), LinkClass("dcn", 6.25, 2e-5)),
-  "TPU v4": (LinkClass("ici", 90.0, 1e-6), LinkClass("dcn", 3.125, 2e-5)),
-}
-# H100: NVLink 4 ~450 GB/s per GPU one way; one 400 Gbit/s InfiniBand NIC per GPU, 50 GB/s.
-GPU_LINKS = (LinkClass("nvlink", 450.0, 5e-6), LinkClass("network", 50.0, 1e-5))
-# CPU: the devices of one process share memory; between processes, the network.  The
-# default network is 100 Mbit/s, the emulated hosts of tools/netbench.py at which the
-# default --equarx_min_bytes was measured; set the real figure with
-# --equarx_slow_link_bandwidth.  Latency: about 1 ms per collective step over TCP there.
-# Inside a process XLA:CPU's collectives move about 2.7 GB/s in all: the native all-reduce
-# of 8 MiB of bf16 (f32 on the wire) over 4 devices took 37.4 ms on 2 cores
-# (`python tools/bench_ring_cpu.py --values 4M --dtypes bf16`), 4 x 1.5 x 16 MiB.
-CPU_LINKS = (
-  LinkClass("memory", 2.7, 1e-5, per_device=False),
-  LinkClass("network", 0.0125, 1e-3, per_device=False),
-)
-
-
-def default_links(platform: str, device_kind: str = "") -> tuple[LinkClass, LinkClass]:
-  """(fast, slow) link classes for a platform ("cpu", "gpu", "tpu") and device kind."""
-  if platform == "tpu":
-    for prefix, links in TPU_LINKS.items():
-      if device_kind.startswith(prefix):
-        return links
-    return TPU_LINKS["TPU v5 lite"]
-  if platform == "gpu":
-    return GPU_LINKS
-  return CPU_LINKS
+from equarx_pass.platforms import LinkClass, rules_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,15 +69,12 @@ def from_devices(
   for a host of its own.
   """
   kind = getattr(devices[0], "device_kind", "") if devices else ""
-  fast, slow = default_links(platform, kind)
-  if platform == "tpu":
-    domains = tuple(int(getattr(d, "slice_index", 0) or 0) for d in devices)
-    source = "TPU slices"
-  else:
-    domains = tuple(int(getattr(d, "process_index", 0)) for d in devices)
-    source = "processes"
-    if platform == "cpu" and len(set(domains)) == 1 and len(devices) > 1:
-      domains, source = tuple(range(len(devices))), "one host per CPU device (one process)"
+  rules = rules_for(platform)
+  fast, slow = rules.links_for(kind)
+  domains = tuple(int(getattr(d, rules.domain_attribute, 0) or 0) for d in devices)
+  source = rules.domain_source
+  if rules.one_process_is_hosts and len(set(domains)) == 1 and len(devices) > 1:
+    domains, source = tuple(range(len(devices))), "one host per CPU device (one process)"
   return Topology(
     domains,
     fast.with_bandwidth(fast_bandwidth),
@@ -157,7 +94,7 @@ def from_size(
 ) -> Topology:
   """Consecutive device ids in domains of `domain_devices` (or `num_domains` equal ones);
   neither: every device a domain of its own (a host per device)."""
-  fast, slow = default_links(platform)
+  fast, slow = rules_for(platform).links
   if num_domains:
     if num_devices % num_domains:
       raise ValueError(f"{num_devices} devices do not split into {num_domains} equal domains")

@@ -3,7 +3,7 @@ rewrite's, and the prediction (cost.py)."""
 
 import pytest
 
-from equarx_pass import cost
+from equarx_pass import cost, platforms
 from equarx_pass.traffic import Declaration
 from equarx_pass import topology as topology_lib
 
@@ -68,7 +68,7 @@ def test_prediction_adds_the_on_chip_work_per_site_and_per_value():
   topology = _topology("cpu", 4)
   native = cost.Traffic(slow=1 << 20, slow_steps=14)
   rewritten = cost.Traffic(slow=1 << 18, slow_steps=2)
-  per_site, per_value = cost.COMPUTE_S["cpu"]
+  per_site, per_value = platforms.rules_for("cpu").compute_s
   prediction = cost.predict(native, rewritten, 1000, topology)
   assert prediction.compute_s == pytest.approx(per_site + 1000 * per_value)
   assert prediction.rewritten_s == pytest.approx(rewritten.seconds(topology) + prediction.compute_s)

@@ -16,7 +16,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import cost, tpu_aot
+from equarx_pass import platforms, tpu_aot
 
 pytestmark = pytest.mark.libtpu  # skipped without libtpu (pip install 'equarx-pass[tpu]')
 
@@ -46,7 +46,8 @@ def test_added_on_chip_time_agrees_with_the_compiler(form, dtype):
   [record] = result.records
   assert record.rewritten
   tpu, native = result.tpu, result.tpu.original
-  per_site, per_value = (cost.KERNEL_COMPUTE_S if form == "kernel" else cost.COMPUTE_S)["tpu"]
+  rules = platforms.rules_for("tpu")
+  per_site, per_value = rules.kernel_compute_s if form == "kernel" else rules.compute_s
   model = per_site + nbytes // np.dtype(dtype).itemsize * per_value
   optimal = tpu.on_chip_seconds - native.on_chip_seconds
   assert 0.7 < model / optimal < 1.3, (model, optimal)

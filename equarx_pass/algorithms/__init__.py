@@ -8,6 +8,7 @@ the report's bytes all come from this registry.
 
 from __future__ import annotations
 
+from equarx_pass import registry
 from equarx_pass.algorithms.base import Algorithm
 from equarx_pass.algorithms.one_shot import ONE_SHOT
 from equarx_pass.algorithms.ring import BIDIRECTIONAL, RING
@@ -17,10 +18,7 @@ ALGORITHMS: dict[str, Algorithm] = {}
 
 
 def register(algorithm: Algorithm) -> Algorithm:
-  if algorithm.name in ALGORITHMS:
-    raise ValueError(f"algorithm {algorithm.name!r} is registered twice")
-  ALGORITHMS[algorithm.name] = algorithm
-  return algorithm
+  return registry.add(ALGORITHMS, algorithm, "algorithm")
 
 
 for _algorithm in (RING, TWO_SHOT, BIDIRECTIONAL, ONE_SHOT):

@@ -7,6 +7,7 @@ from this registry.
 
 from __future__ import annotations
 
+from equarx_pass import registry
 from equarx_pass.formats.base import Format
 from equarx_pass.formats.fp8 import FP8_E4M3, FP8_E5M2
 from equarx_pass.formats.integer import INT4, INT8
@@ -16,10 +17,7 @@ FORMATS: dict[str, Format] = {}
 
 
 def register(fmt: Format) -> Format:
-  if fmt.name in FORMATS:
-    raise ValueError(f"format {fmt.name!r} is registered twice")
-  FORMATS[fmt.name] = fmt
-  return fmt
+  return registry.add(FORMATS, fmt, "format")
 
 
 for _fmt in (INT8, INT4, FP8_E4M3, FP8_E5M2, MXINT8):
