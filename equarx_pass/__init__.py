@@ -22,7 +22,7 @@ from equarx_pass.errors import (
 )
 from equarx_pass.jit import Jitted, LoweringReport, Report, jit
 from equarx_pass.parse import parse_bytes, parse_file
-from equarx_pass.calibrated.calibrate import calibrate
+from equarx_pass.calibrate_program import calibrate
 from equarx_pass.policy import Policy
 from equarx_pass.rewrite import RewriteResult, rewrite_module
 from equarx_pass.site_records import SiteRecord

@@ -56,21 +56,6 @@ def holds_collective(op: ir.Operation) -> bool:
   return any(o.name in COLLECTIVES for o in _nested(op))
 
 
-def ops_between(first_after: ir.Operation | None, block: ir.Block, end: ir.Operation):
-  """The ops of `block` after `first_after` (None: from the start) and before `end`."""
-  ops = []
-  started = first_after is None
-  for view in block.operations:
-    op = view.operation
-    if op == end:
-      break
-    if started:
-      ops.append(op)
-    elif op == first_after:
-      started = True
-  return ops
-
-
 def outline_compute(
   ops: list[ir.Operation], module: ir.Module, name: str, location: ir.Location
 ) -> None:
