@@ -5,6 +5,7 @@ A JAX upgrade that moves one of these touches only this file.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 
@@ -244,10 +245,12 @@ def exported_named_shardings(exported) -> tuple[tuple, tuple] | None:
   None where unspecified; None for artifacts written before JAX kept them (HloShardings
   only).
 
-  Private: the fields `_has_named_shardings`, `_in_named_shardings` and
-  `_out_named_shardings`; the public in_shardings_jax(mesh) needs the mesh first.
+  Private: the fields `_has_named_shardings` (JAX 0.10), `_in_named_shardings` and
+  `_out_named_shardings`; the public in_shardings_jax(mesh) needs the mesh first.  JAX
+  0.11 dropped `_has_named_shardings`: its artifacts always carry named shardings (its
+  reader turns an older artifact's into them).
   """
-  if not exported._has_named_shardings:
+  if not getattr(exported, "_has_named_shardings", True):
     return None
   return tuple(exported._in_named_shardings), tuple(exported._out_named_shardings)
 
@@ -276,3 +279,83 @@ def compile_uncached(lowered, compiler_options: dict):
       return lowered.compile(compiler_options=compiler_options)
     finally:
       compiler._get_cache_key = original
+
+
+# The GPU whose Triton lowering a kernel gets where no GPU is attached (what JAX 0.10 did
+# itself: compute capability 9.0, an H100).
+ABSTRACT_GPU_KIND = "NVIDIA H100"
+
+
+@contextlib.contextmanager
+def lowering_for_gpu(enable: bool = True):
+  """The scope in which the kernel form's Pallas kernels are lowered with Triton.
+
+  JAX 0.10 lowers Triton kernels for compute capability 9.0 where no GPU is attached;
+  0.11 and later raise "No supported GPU devices found" unless an abstract GPU device is
+  in scope (public: jax.sharding.AbstractMesh(abstract_device=...), use_abstract_mesh).
+  So where this process has no GPU, an empty abstract mesh of an H100 (no axes: nothing
+  is sharded) is set; with a GPU, its own kind is used, as on every version.  JAX 0.11
+  and later deprecate Pallas's Triton backend ("jax-pallas-triton", a DeprecationWarning
+  at each lowering): the kernel form chose it (BUILD_NOTES, "The kernel form on GPU"),
+  the user cannot act on it, so it is not passed on from here.
+  """
+  if not enable:
+    yield
+    return
+  import warnings
+
+  import jax
+  from jax.sharding import AbstractDevice, AbstractMesh
+
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(warnings.catch_warnings())
+    warnings.filterwarnings(
+      "ignore", message="The Pallas Triton backend is deprecated", category=DeprecationWarning
+    )
+    if not _has_gpu(jax):
+      device = AbstractDevice(device_kind=ABSTRACT_GPU_KIND, num_cores=None, platform="gpu")
+      stack.enter_context(
+        jax.sharding.use_abstract_mesh(AbstractMesh((), (), abstract_device=device))
+      )
+    yield
+
+
+def _has_gpu(jax) -> bool:
+  try:
+    return bool(jax.devices("gpu"))
+  except RuntimeError:
+    return False
+
+
+def static_arguments(fun, static_argnums, static_argnames) -> tuple[tuple, tuple]:
+  """(static_argnums, static_argnames) as jax.jit(fun, ...) completes and validates them.
+
+  Private: jax._src.api_util.resolve_argnums and fun_signature, what jax.jit calls.  The
+  rule moved between minors: JAX 0.10 infers names from non-negative numbers only and
+  keeps negative numbers as given (counted from the call's last positional argument);
+  0.11 and later also name the parameter a negative number counts back to and turn it
+  into a position in the signature.  Raises as jax.jit does on numbers or names that do
+  not fit the signature.
+  """
+  from jax._src import api_util
+
+  _, _, nums, names = api_util.resolve_argnums(
+    fun, api_util.fun_signature(fun), None, None, static_argnums, static_argnames
+  )
+  return tuple(nums), tuple(names)
+
+
+def lowest_effort_options() -> dict:
+  """Compile options for XLA's lowest execution-time optimization effort (the partitioned
+  route's cheap read on TPU).
+
+  Public options whose name changed: JAX 0.10 takes `exec_time_optimization_effort`, a
+  float in [-1, 1] (-1: least); 0.11 and later dropped it and take `optimization_level`,
+  an effort level ("O0": least), and refuse the old name ("No such compile option").
+  Which one this JAX has is read from its config (`jax_exec_time_optimization_effort`).
+  """
+  import jax
+
+  if "jax_exec_time_optimization_effort" in jax.config.values:
+    return {"exec_time_optimization_effort": -1.0}
+  return {"optimization_level": "O0"}

@@ -28,7 +28,6 @@ import collections
 import dataclasses
 import functools
 import hashlib
-import inspect
 import os
 import sys
 import threading
@@ -142,31 +141,19 @@ def signature(leaves) -> str:
 
 
 def _static_positions(fun: Callable, jit_kwargs: dict) -> tuple[set[int], set[str]]:
-  """static_argnums and static_argnames, completed from each other exactly as jax.jit does.
+  """static_argnums and static_argnames as jax.jit completes them from each other.
 
-  jax.jit infers names from numbers (or numbers from names) only when one of the
-  two is not given, and only over positional-or-keyword parameters.  Inferring
-  more than it does would drop an argument that jax.jit treats as dynamic from
-  the compiled call.
+  jax.jit infers names from numbers (or numbers from names) only when one of the two
+  is not given, and only over positional-or-keyword parameters; from JAX 0.11 a
+  negative number also names the parameter it counts back to, and is turned into a
+  position.  Inferring more (or less) than the installed JAX does would treat an
+  argument as static (or dynamic) where jax.jit does not, so JAX's own rule is asked
+  (_jax_private.static_arguments).
   """
-  nums = jit_kwargs.get("static_argnums")
-  names = jit_kwargs.get("static_argnames")
-  num_set = set() if nums is None else ({nums} if isinstance(nums, int) else set(nums))
-  name_set = set() if names is None else ({names} if isinstance(names, str) else set(names))
-  if (nums is None) == (names is None):
-    return num_set, name_set
-  try:
-    params = inspect.signature(fun).parameters
-  except (TypeError, ValueError):
-    return num_set, name_set
-  either = [
-    (i, name) for i, (name, p) in enumerate(params.items()) if p.kind == p.POSITIONAL_OR_KEYWORD
-  ]
-  if nums is None:
-    num_set = {i for i, name in either if name in name_set}
-  else:
-    name_set = {name for i, name in either if i in num_set}
-  return num_set, name_set
+  nums, names = _jax_private.static_arguments(
+    fun, jit_kwargs.get("static_argnums"), jit_kwargs.get("static_argnames")
+  )
+  return set(nums), set(names)
 
 
 def _dtype_name(dtype) -> str:

@@ -156,7 +156,7 @@ def _compile_and_dump(lowered, cheap: bool | None = None):
       "xla_enable_rgv3_materialization": False,
     }
     if cheap:
-      options["exec_time_optimization_effort"] = -1.0
+      options.update(_jax_private.lowest_effort_options())
     # Never from (or into) JAX's persistent cache: a cached executable comes with no dump.
     compiled = _jax_private.compile_uncached(lowered, options)
     try:
@@ -254,13 +254,19 @@ def _proto_varint(data: bytes, pos: int) -> tuple[int, int]:
 def _only_mesh(module: ir.Module):
   """The module's one sdy.mesh with axes: (symbol name, match.Mesh).  A mesh of no
   axes (JAX's @empty_mesh, for values on one device such as a typed PRNG key or an
-  optimizer's step count made outside jit) shards nothing, so it is not counted."""
-  meshes = [(name, mesh) for name, mesh in match.module_facts(module).meshes if mesh.axis_names]
+  optimizer's step count made outside jit) shards nothing, so it is not counted.  Meshes
+  of the same axes and devices under two names are one mesh: JAX 0.11 and later give a
+  shard_map's mesh-axes replica groups a symbol of their own (@mesh_0 beside @mesh)."""
+  meshes: dict[match.Mesh, str] = {}
+  for name, mesh in match.module_facts(module).meshes:
+    if mesh.axis_names:
+      meshes.setdefault(mesh, name)
   if len(meshes) != 1:
     raise NotPartitionable(
       f"the program uses {len(meshes)} device meshes; the partitioned route handles exactly one"
     )
-  return meshes[0]
+  ((mesh, name),) = meshes.items()
+  return name, mesh
 
 
 def _per_device_module(proto: bytes, original: ir.Module, platform: str) -> ir.Module:

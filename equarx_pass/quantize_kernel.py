@@ -38,6 +38,7 @@ from typing import Literal
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 
+from equarx_pass import _jax_private
 from equarx_pass.hlo_builder import Emitter, shape_of
 from equarx_pass.outline import fresh_symbol
 
@@ -222,7 +223,7 @@ def _lower(
   # Lowered with no mesh in scope: under a program's jax.set_mesh (explicit axes, as
   # jax.make_mesh gives them) JAX would shard the call over that mesh, and Mosaic refuses
   # a kernel it would have to partition.  The kernel runs on each device's share.
-  with jax.set_mesh(None):
+  with jax.set_mesh(None), _jax_private.lowering_for_gpu(target == "cuda"):
     traced = jax.jit(call).trace(*args)
     lowered = traced.lower(lowering_platforms=(_LOWERING_PLATFORM[target],))
   return lowered.as_text()
