@@ -12,8 +12,8 @@ import re
 
 __version__ = "0.2.0"
 
-SUPPORTED_JAX = ((0, 10, 2), (0, 11, 0))  # [lower, upper), for jax and jaxlib
-SUPPORTED_JAX_SPEC = ">=0.10.2,<0.11"
+SUPPORTED_JAX = ((0, 10, 2), (0, 13, 0))  # [lower, upper), for jax and jaxlib
+SUPPORTED_JAX_SPEC = ">=0.10.2,<0.13"
 
 
 def _parse(version: str) -> tuple[int, ...]:

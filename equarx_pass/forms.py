@@ -556,14 +556,14 @@ def plus_zero(em: Emitter, x: ir.Value) -> ir.Value:
   Written as a select: XLA simplifies an add of 0 away."""
   zero = em.splat(0, shape_of(x), em.f32)
   is_zero = hlo.CompareOp(x, zero, hlo.ComparisonDirectionAttr.get("EQ")).result
-  return hlo.SelectOp(is_zero, zero, x).result
+  return hlo.SelectOp(is_zero, zero, x).result  # type: ignore[no-any-return]
 
 
 def add(term: ir.Value, acc: ir.Value) -> ir.Value:
   """term + acc, the new term first: XLA:CPU contracts a multiply feeding an add into an
   FMA, and where both operands of an add are products LLVM fuses the first one's.  So
   the sum is fma(q, s, acc), as quantize.fused_multiply_add has it."""
-  return hlo.AddOp(term, acc).result
+  return hlo.AddOp(term, acc).result  # type: ignore[no-any-return]
 
 
 def row(em: Emitter, x: ir.Value, j: int) -> ir.Value:

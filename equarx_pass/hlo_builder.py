@@ -68,7 +68,7 @@ class Emitter:
     array = np.ascontiguousarray(array)
     # The stubs accept only buffers typed as such; an ndarray is one.
     attr = ir.DenseElementsAttr.get(array, type=tensor(array.shape, element_type))  # type: ignore[call-overload]
-    return hlo.ConstantOp(attr).result
+    return hlo.ConstantOp(attr).result  # type: ignore[no-any-return]
 
   def splat(self, value: float, shape: Sequence[int], element_type: ir.Type) -> ir.Value:
     t = tensor(shape, element_type)
@@ -77,7 +77,7 @@ class Emitter:
       if isinstance(element_type, ir.FloatType)
       else ir.IntegerAttr.get(element_type, int(value))
     )
-    return hlo.ConstantOp(ir.DenseElementsAttr.get_splat(t, scalar)).result
+    return hlo.ConstantOp(ir.DenseElementsAttr.get_splat(t, scalar)).result  # type: ignore[no-any-return]
 
   def i32_scalar(self, value: int) -> ir.Value:
     return self.splat(value, (), self.i32)
@@ -93,12 +93,12 @@ class Emitter:
   def reshape(self, x: ir.Value, shape: Sequence[int]) -> ir.Value:
     if shape_of(x) == tuple(shape):
       return x
-    return hlo.ReshapeOp(tensor(shape, ir.RankedTensorType(x.type).element_type), x).result
+    return hlo.ReshapeOp(tensor(shape, ir.RankedTensorType(x.type).element_type), x).result  # type: ignore[no-any-return]
 
   def convert(self, x: ir.Value, element_type: ir.Type) -> ir.Value:
     if ir.RankedTensorType(x.type).element_type == element_type:
       return x
-    return hlo.ConvertOp(tensor(shape_of(x), element_type), x).result
+    return hlo.ConvertOp(tensor(shape_of(x), element_type), x).result  # type: ignore[no-any-return]
 
   def widen(self, x: ir.Value, narrow: ir.Type | None) -> ir.Value:
     """f32 of x; x holds the bits of `narrow` (a 16-bit float type) as i16, or is f32."""
@@ -107,7 +107,7 @@ class Emitter:
     return self.convert(self.bitcast(x, shape_of(x), narrow), self.f32)
 
   def bitcast(self, x: ir.Value, shape: Sequence[int], element_type: ir.Type) -> ir.Value:
-    return hlo.BitcastConvertOp(tensor(shape, element_type), x).result
+    return hlo.BitcastConvertOp(tensor(shape, element_type), x).result  # type: ignore[no-any-return]
 
   def flat_padded(self, operands: list[ir.Value], element_type: ir.Type, padded: int) -> ir.Value:
     """The operands converted to `element_type` and flattened, one after another, then
@@ -133,7 +133,7 @@ class Emitter:
     return results
 
   def slice(self, x: ir.Value, start: Sequence[int], limit: Sequence[int]) -> ir.Value:
-    return hlo.SliceOp(x, list(start), list(limit), [1] * len(start)).result
+    return hlo.SliceOp(x, list(start), list(limit), [1] * len(start)).result  # type: ignore[no-any-return]
 
   def concat(self, values: Sequence[ir.Value], axis: int) -> ir.Value:
     return values[0] if len(values) == 1 else hlo.ConcatenateOp(values, axis).result
@@ -143,7 +143,7 @@ class Emitter:
   ) -> ir.Value:
     """x[starts[0]:starts[0]+sizes[0], ...], `starts` traced i32 scalars."""
     element_type = ir.RankedTensorType(x.type).element_type
-    return hlo.DynamicSliceOp(
+    return hlo.DynamicSliceOp(  # type: ignore[no-any-return]
       x, list(starts), list(sizes), results=[tensor(tuple(sizes), element_type)]
     ).result
 
@@ -152,24 +152,24 @@ class Emitter:
     return self.dynamic_slice(x, [row, self.i32_scalar(col)], [rows, width])
 
   def set_rows(self, x: ir.Value, row: ir.Value, value: ir.Value) -> ir.Value:
-    return hlo.DynamicUpdateSliceOp(x, value, [row, self.i32_scalar(0)]).result
+    return hlo.DynamicUpdateSliceOp(x, value, [row, self.i32_scalar(0)]).result  # type: ignore[no-any-return]
 
   def mod(self, x: ir.Value, n: int) -> ir.Value:
     """(x + n) mod n for x >= -n, on i32 scalars (rem alone keeps the sign)."""
-    return hlo.RemOp(hlo.AddOp(x, self.i32_scalar(n)).result, self.i32_scalar(n)).result
+    return hlo.RemOp(hlo.AddOp(x, self.i32_scalar(n)).result, self.i32_scalar(n)).result  # type: ignore[no-any-return]
 
   def add_i32(self, x: ir.Value, k: int) -> ir.Value:
-    return hlo.AddOp(x, self.i32_scalar(k)).result
+    return hlo.AddOp(x, self.i32_scalar(k)).result  # type: ignore[no-any-return]
 
   def bcast(self, x: ir.Value, shape: Sequence[int], dims: Sequence[int]) -> ir.Value:
     t = ir.RankedTensorType(x.type)
-    return hlo.BroadcastInDimOp(tensor(shape, t.element_type), x, list(dims)).result
+    return hlo.BroadcastInDimOp(tensor(shape, t.element_type), x, list(dims)).result  # type: ignore[no-any-return]
 
   def magnitude(self, x: ir.Value) -> ir.Value:
     """|x| of an f32 tensor, with NaN counted as +inf (quantize.py): a max kernel
     may drop NaN, never an inf."""
     is_nan = hlo.CompareOp(x, x, hlo.ComparisonDirectionAttr.get("NE")).result
-    return hlo.SelectOp(
+    return hlo.SelectOp(  # type: ignore[no-any-return]
       is_nan, self.splat(np.inf, shape_of(x), self.f32), hlo.AbsOp(x).result
     ).result
 
@@ -185,7 +185,7 @@ def reduce(
   block = op.body.blocks.append(scalar, scalar)
   with ir.InsertionPoint(block):
     hlo.ReturnOp([combine(block.arguments[0], block.arguments[1]).result])
-  return op.result
+  return op.result  # type: ignore[no-any-return]
 
 
 def narrow_float(types: list[ir.RankedTensorType]) -> ir.Type | None:
@@ -275,7 +275,7 @@ class Collectives:
 
   def permute(self, x: ir.Value, direction: int) -> ir.Value:
     pairs = np.array(self.plan.schedule.source_target_pairs(direction), np.int64).reshape(-1, 2)
-    return hlo.CollectivePermuteOp(x, self.em.groups_attr(pairs), **self._channel()).result
+    return hlo.CollectivePermuteOp(x, self.em.groups_attr(pairs), **self._channel()).result  # type: ignore[no-any-return]
 
   def all_to_all(self, x: ir.Value) -> ir.Value:
     n = self.plan.layout.group_size

@@ -92,7 +92,7 @@ def nibbles(em: Emitter, b: ir.Value) -> list[ir.Value]:
 def or_nibbles(em: Emitter, low: ir.Value, high: ir.Value) -> ir.Value:
   """Two int8 code tensors in [-8, 7] -> one: low & 0xF | high << 4."""
   shape = shape_of(low)
-  return hlo.OrOp(
+  return hlo.OrOp(  # type: ignore[no-any-return]
     hlo.AndOp(low, em.splat(0xF, shape, em.i8)).result,
     hlo.ShiftLeftOp(high, em.splat(4, shape, em.i8)).result,
   ).result
@@ -322,7 +322,7 @@ class TileCodec:
     values = self.values(codes)
     scales = self.scales(wire)
     lead = len(shape_of(scales))
-    return hlo.MulOp(values, self.em.bcast(scales, shape_of(values), list(range(lead)))).result
+    return hlo.MulOp(values, self.em.bcast(scales, shape_of(values), list(range(lead)))).result  # type: ignore[no-any-return]
 
   def _pack(self, codes: ir.Value) -> ir.Value:
     """int4 codes in [-7, 7]: the first half along the pack axis in the low nibbles, the

@@ -52,7 +52,7 @@ def emit_uniform_draws(em: Emitter, v: ir.Value) -> ir.Value:
     if factor is not None:
       h = hlo.MulOp(h, const(factor)).result
   top = em.convert(hlo.ShiftRightLogicalOp(h, const(8)).result, em.f32)
-  return hlo.MulOp(top, em.splat(2.0**-24, shape, em.f32)).result
+  return hlo.MulOp(top, em.splat(2.0**-24, shape, em.f32)).result  # type: ignore[no-any-return]
 
 
 @dataclasses.dataclass(frozen=True)
