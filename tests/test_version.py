@@ -30,8 +30,10 @@ def test_pyproject_declares_the_range_the_import_check_enforces():
 @pytest.mark.parametrize(
   "version",
   # Releases around both bounds, a post-release, and pre-releases inside and at the top.
-  ["0.9.9", "0.10.1", "0.10.2", "0.10.3", "0.10.10", "0.10.2.post1", "0.11.0", "1.0.0"]
-  + ["0.10.3rc1", "0.10.4.dev20260101", "0.11.0rc1", "0.11.0.dev20260101"],
+  ["0.9.9", "0.10.1", "0.10.2", "0.10.3", "0.10.10", "0.10.2.post1", "0.11.0", "0.11.2"]
+  + ["0.12.0", "0.12.0.1", "0.12.9", "0.13.0", "1.0.0"]
+  + ["0.10.3rc1", "0.10.4.dev20260101", "0.11.0rc1", "0.12.1.dev20260101", "0.13.0rc1"]
+  + ["0.13.0.dev20260101"],
 )
 def test_import_check_agrees_with_pep_440(version):
   accepted = _version.check_jax_version(version, version) is None
