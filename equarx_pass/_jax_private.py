@@ -321,9 +321,10 @@ def lowering_for_gpu(enable: bool = True):
 
 
 def _has_gpu(jax) -> bool:
+  """Whether this process has a GPU backend (JAX raises for a platform it has not)."""
   try:
     return bool(jax.devices("gpu"))
-  except RuntimeError:
+  except (RuntimeError, ValueError):
     return False
 
 
