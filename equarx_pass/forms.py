@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -38,6 +38,7 @@ from equarx_pass.hlo_builder import (
   front_order,
   narrow_float,
   shape_of,
+  while_loop,
 )
 from equarx_pass.layout import ChunkLayout, DeviceKind, GroupSchedule
 from equarx_pass.quantize_emit import FlatCodec, TileCodec
@@ -579,6 +580,38 @@ def dynamic_row(em: Emitter, x: ir.Value, j: ir.Value) -> ir.Value:
   zero = em.i32_scalar(0)
   piece = em.dynamic_slice(x, [j] + [zero] * (len(shape) - 1), (1, *shape[1:]))
   return em.reshape(piece, shape[1:])
+
+
+class _GroupSum(NamedTuple):
+  acc: ir.Value  # f32: the sum so far
+  codes: ir.Value  # [N, ...]: row j from rank j
+  scales: ir.Value
+
+
+def sum_in_group_order(
+  em: Emitter,
+  codes: ir.Value,
+  scales: ir.Value,
+  n: int,
+  dequantize: Callable[[ir.Value, ir.Value], ir.Value],
+  loop_from: int,
+) -> ir.Value:
+  """Row j of `codes` and `scales` (rank j's) dequantized and summed in f32 in group order:
+  written out, or a loop from `loop_from` members on (the same ops, in the same order).
+  The caller passes its module's LOOP_FROM_MEMBERS, which tests lower."""
+  acc = plus_zero(em, dequantize(row(em, codes, 0), row(em, scales, 0)))
+  if n < loop_from:
+    for j in range(1, n):
+      acc = add(dequantize(row(em, codes, j), row(em, scales, j)), acc)
+    return acc
+
+  def sum_step(step: ir.Value, carry: _GroupSum) -> _GroupSum:
+    j = em.add_i32(step, 1)
+    term = dequantize(dynamic_row(em, carry.codes, j), dynamic_row(em, carry.scales, j))
+    return carry._replace(acc=add(term, carry.acc))
+
+  summed: ir.Value = while_loop(_GroupSum(acc, codes, scales), n - 1, sum_step).acc
+  return summed
 
 
 # From this many group members on, the steps that repeat once per member (the two-shot's

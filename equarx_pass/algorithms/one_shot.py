@@ -19,7 +19,7 @@ order, so all hold the same bits.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from jax.extend.mlir import ir
@@ -34,11 +34,10 @@ from equarx_pass.forms import (
   SitePlan,
   TiledSite,
   add,
-  dynamic_row,
   plus_zero,
-  row,
+  sum_in_group_order,
 )
-from equarx_pass.hlo_builder import ChannelAllocator, shape_of, while_loop
+from equarx_pass.hlo_builder import ChannelAllocator, shape_of
 from equarx_pass.layout import ChunkLayout
 
 if TYPE_CHECKING:
@@ -60,12 +59,6 @@ def one_shot_sum(x: Sequence[np.ndarray], scheme: Scheme, block: int) -> np.ndar
     values = values.reshape(scales.shape + (block,))
     acc = qz.fused_multiply_add(values, scales[..., None], acc.reshape(values.shape))
   return acc.reshape(x[0].shape)
-
-
-class _Sum(NamedTuple):
-  acc: ir.Value  # f32: the sum so far
-  codes: ir.Value  # [N, N, ...]: row j from rank j
-  scales: ir.Value
 
 
 class OneShot(Algorithm):
@@ -127,19 +120,7 @@ class OneShot(Algorithm):
     codes, scales = (
       em.reshape(v, (n, shape_of(v)[0] // n, *shape_of(v)[1:])) for v in (codes, scales)
     )
-    acc = plus_zero(em, site.dequantize(row(em, codes, 0), row(em, scales, 0)))
-    if n < LOOP_FROM_MEMBERS:
-      for j in range(1, n):
-        acc = add(site.dequantize(row(em, codes, j), row(em, scales, j)), acc)
-      return acc
-
-    def sum_step(step: ir.Value, carry: _Sum) -> _Sum:
-      j = em.add_i32(step, 1)
-      term = site.dequantize(dynamic_row(em, carry.codes, j), dynamic_row(em, carry.scales, j))
-      return carry._replace(acc=add(term, carry.acc))
-
-    summed: ir.Value = while_loop(_Sum(acc, codes, scales), n - 1, sum_step).acc
-    return summed
+    return sum_in_group_order(em, codes, scales, n, site.dequantize, LOOP_FROM_MEMBERS)
 
   def emit(
     self, operands: list[ir.Value], plan: SitePlan, channels: ChannelAllocator, tiled: bool

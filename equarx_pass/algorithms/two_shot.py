@@ -30,10 +30,7 @@ from equarx_pass.forms import (
   LOOP_FROM_MEMBERS,
   FlatSite,
   TiledSite,
-  add,
-  dynamic_row,
-  plus_zero,
-  row,
+  sum_in_group_order,
 )
 from equarx_pass.hlo_builder import shape_of, while_loop
 from equarx_pass.layout import ChunkLayout
@@ -66,12 +63,6 @@ def two_shot_chunks(x: Sequence[np.ndarray], block: int, fmt: Format = INT8) -> 
   codes = np.stack([q for q, _ in owned])
   scales = np.stack([s for _, s in owned])
   return [(codes.copy(), scales.copy()) for _ in range(n)]
-
-
-class _TiledSum(NamedTuple):
-  acc: ir.Value  # f32 [*tile]: the sum so far
-  codes: ir.Value  # [N, ...]: row j from rank j
-  scales: ir.Value
 
 
 class _SumCarry(NamedTuple):
@@ -152,22 +143,10 @@ class TwoShot(Algorithm):
     return site.exchange(site.coll.all_to_all, codes, scales, site.n)
 
   def _sum(self, site: TiledSite, codes: ir.Value, scales: ir.Value) -> ir.Value:
-    """The N terms summed in group order, written out (a loop from LOOP_FROM_MEMBERS
-    members on: the same ops, in the same order)."""
-    em, codec = site.em, site.codec
-    acc = plus_zero(em, codec.dequantize(row(em, codes, 0), row(em, scales, 0)))
-    if site.n < LOOP_FROM_MEMBERS:
-      for j in range(1, site.n):
-        acc = add(codec.dequantize(row(em, codes, j), row(em, scales, j)), acc)
-      return acc
-
-    def sum_step(step: ir.Value, carry: _TiledSum) -> _TiledSum:
-      j = em.add_i32(step, 1)
-      term = codec.dequantize(dynamic_row(em, carry.codes, j), dynamic_row(em, carry.scales, j))
-      return carry._replace(acc=add(term, carry.acc))
-
-    summed: ir.Value = while_loop(_TiledSum(acc, codes, scales), site.n - 1, sum_step).acc
-    return summed
+    """The N terms summed in group order, in the rotated domain."""
+    return sum_in_group_order(
+      site.em, codes, scales, site.n, site.codec.dequantize, LOOP_FROM_MEMBERS
+    )
 
 
 TWO_SHOT = TwoShot()
