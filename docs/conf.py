@@ -1,5 +1,5 @@
 """Sphinx configuration of the docs site: MyST Markdown pages, the API reference from
-docstrings (autodoc), the flag reference from equarx_pass.policy.FLAGS (_ext/).
+docstrings (autodoc), the flag reference from equarx_pass.planning.policy.FLAGS (_ext/).
 
 Built in CI with warnings as errors:
     python -m sphinx -W --keep-going -b html docs docs/_build/html

@@ -20,13 +20,13 @@ from equarx_pass.errors import (
   RewriteError,
   VerifyError,
 )
-from equarx_pass.jit import Jitted, LoweringReport, Report, jit
-from equarx_pass.parse import parse_bytes, parse_file
-from equarx_pass.calibrate_program import calibrate
-from equarx_pass.policy import Policy
+from equarx_pass.frontends.jit import Jitted, LoweringReport, Report, jit
+from equarx_pass.ir.parse import parse_bytes, parse_file
+from equarx_pass.frontends.calibrate_program import calibrate
+from equarx_pass.planning.policy import Policy
 from equarx_pass.rewrite import RewriteResult, rewrite_module
 from equarx_pass.site_records import SiteRecord
-from equarx_pass.transform import transform_file, transform_text
+from equarx_pass.frontends.transform import transform_file, transform_text
 
 __all__ = [
   "CompileError",

@@ -239,7 +239,7 @@ def run() -> None:
     )
     return
   from equarx_pass.errors import FlagError
-  from equarx_pass.policy import Policy
+  from equarx_pass.planning.policy import Policy
 
   flags = " ".join(args) or "--equarx_enable"
   try:

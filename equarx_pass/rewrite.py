@@ -21,11 +21,15 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import loops, match, outline, plan, quantize_kernel, site_patterns, site_records
+from equarx_pass.ir import traverse
+from equarx_pass.planning import loops, match, plan
+from equarx_pass.ir import outline
+from equarx_pass.emission import quantize_kernel
+from equarx_pass import site_patterns, site_records
 from equarx_pass import topology as topology_lib
 from equarx_pass.errors import FlagError, InternalError, VerifyError
-from equarx_pass.hlo_builder import ChannelAllocator
-from equarx_pass.policy import Policy
+from equarx_pass.ir.hlo_builder import ChannelAllocator
+from equarx_pass.planning.policy import Policy
 from equarx_pass.site_records import SiteRecord
 
 
@@ -87,7 +91,7 @@ def rewrite_module(
     kernels, no_kernel = _quantize_kernels(out, policy, platform, target, flat_why)
     ctx = site_patterns.RewriteContext(
       policy,
-      ChannelAllocator(match.max_channel_handle(out)),
+      ChannelAllocator(traverse.max_channel_handle(out)),
       topology,
       target,
       tiled_form=flat_why is None,

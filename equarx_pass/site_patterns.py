@@ -21,14 +21,15 @@ import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass import hierarchical, match, plan
-from equarx_pass.all_gather import emit_all_gather
-from equarx_pass.calibrated.outlier_emit import emit_calibrated_allreduce
-from equarx_pass.forms import Pieces, SitePlan
-from equarx_pass.hlo_builder import ChannelAllocator, Emitter
+from equarx_pass.emission import hierarchical
+from equarx_pass.planning import match, plan
+from equarx_pass.emission.all_gather import emit_all_gather
+from equarx_pass.emission.outlier_emit import emit_calibrated_allreduce
+from equarx_pass.emission.forms import Pieces, SitePlan
+from equarx_pass.ir.hlo_builder import ChannelAllocator, Emitter
 from equarx_pass.platforms import rules_for
-from equarx_pass.policy import Policy
-from equarx_pass.quantize_kernel import QuantizeKernels
+from equarx_pass.planning.policy import Policy
+from equarx_pass.emission.quantize_kernel import QuantizeKernels
 from equarx_pass.site_kind import SiteKind
 from equarx_pass.topology import Topology
 
@@ -114,7 +115,7 @@ class IdentityPattern:
 
 
 class CalibratedPattern:
-  """--equarx_calibration: static scales and bf16 outlier features (calibrated/)."""
+  """--equarx_calibration: static scales and bf16 outlier features (emission/outlier_emit.py)."""
 
   def matches(self, cand: match.Candidate) -> bool:
     return isinstance(cand.route, plan.CalibratedRoute)

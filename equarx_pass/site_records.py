@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Mapping, Sequence
 
-from equarx_pass import cost, forms, match, plan
+from equarx_pass.planning import cost, match, plan
+from equarx_pass.emission import forms
 from equarx_pass.platforms import rules_for
-from equarx_pass.policy import DTYPE_BYTES, Policy
+from equarx_pass.planning.policy import DTYPE_BYTES, Policy
 from equarx_pass.site_kind import SiteKind
 
 # What happened to an all-reduce.

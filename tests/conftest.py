@@ -41,7 +41,7 @@ MINILM_HINT = (
 
 def pytest_collection_modifyitems(config, items):
   """Tests marked `libtpu` (TPU ahead-of-time compiles) skip where the tpu extra is absent."""
-  from equarx_pass.tpu_aot import LIBTPU_HINT, have_libtpu
+  from equarx_pass.frontends.tpu_aot import LIBTPU_HINT, have_libtpu
 
   if have_libtpu():
     return

@@ -75,7 +75,7 @@ class Result:
 
 def base_inputs() -> list[tuple[str, bytes]]:
   """Every fixture as it is, and each MLIR fixture as bytecode and as a portable artifact."""
-  from equarx_pass import parse
+  from equarx_pass.ir import parse
   import io
   from jax.extend import mlir as jax_mlir
 
@@ -229,7 +229,7 @@ def make_case(bases: list[tuple[str, bytes]], seed: int, index: int) -> Case:
 
 def random_flags(rng: random.Random) -> str:
   """Flags for a random scheme the pass accepts: every algorithm, format, rotation."""
-  from equarx_pass import policy
+  from equarx_pass.planning import policy
 
   while True:
     flags = " ".join(
@@ -257,9 +257,10 @@ def random_flags(rng: random.Random) -> str:
 
 def check_rewrite(data: bytes, path: str, result, policy) -> str | None:
   """Why a successful transform of `data` emitted an invalid module, or None."""
-  from equarx_pass import parse, transform
+  from equarx_pass.ir import parse
+  from equarx_pass.frontends import transform
   from equarx_pass.errors import EquarxError
-  from equarx_pass.match import find_all_reduces
+  from equarx_pass.planning.match import find_all_reduces
 
   try:
     out = parse.parse_bytes(result.text, path + " (output)").module
@@ -287,9 +288,9 @@ def check_rewrite(data: bytes, path: str, result, policy) -> str | None:
 
 def run_one(case_path: str) -> dict:
   """Transform one saved case; classify what happened."""
-  from equarx_pass import transform
+  from equarx_pass.frontends import transform
   from equarx_pass.errors import CompileError, EquarxError, ParseError, RewriteError, VerifyError
-  from equarx_pass.policy import Policy
+  from equarx_pass.planning.policy import Policy
 
   with open(case_path + ".json") as f:
     meta = json.load(f)
@@ -466,7 +467,7 @@ def run_cli(case: Case, workdir: str) -> str | None:
     f.write(case.data)
   if os.path.exists(out):
     os.unlink(out)
-  argv = [sys.executable, "-m", "equarx_pass.cli", src, "-o", out, *case.flags.split()]
+  argv = [sys.executable, "-m", "equarx_pass.frontends.cli", src, "-o", out, *case.flags.split()]
   try:
     proc = subprocess.run(
       argv, capture_output=True, text=True, env=_worker_env(), timeout=600, cwd=workdir

@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import equarx_pass  # noqa: E402
-from equarx_pass.tpu_aot import cross_slice_bytes  # noqa: E402
+from equarx_pass.frontends.tpu_aot import cross_slice_bytes  # noqa: E402
 
 
 def main() -> int:

@@ -19,9 +19,11 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import equarx_pass  # noqa: E402
-from equarx_pass import _jax_private, hlo_text, partitioned  # noqa: E402
+from equarx_pass import _jax_private
+from equarx_pass.ir import hlo_text
+from equarx_pass.frontends import partitioned  # noqa: E402
 from equarx_pass.examples import fsdp_step  # noqa: E402
-from equarx_pass.tpu_aot import cross_slice_bytes  # noqa: E402
+from equarx_pass.frontends.tpu_aot import cross_slice_bytes  # noqa: E402
 
 
 def weight_gradient(mesh):

@@ -8,7 +8,8 @@ import jax
 import numpy as np
 from jax.extend import backend as jax_backend
 
-from equarx_pass import _jax_private, match
+from equarx_pass import _jax_private
+from equarx_pass.planning import match
 
 
 def run_per_device(module, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -16,10 +16,10 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import partitioned
-from equarx_pass import scheme as scheme_lib
+from equarx_pass.frontends import partitioned
+from equarx_pass.emission import scheme as scheme_lib
 from equarx_pass.examples import auto_sharded as ex
-from equarx_pass.policy import Policy
+from equarx_pass.planning.policy import Policy
 
 MESH = ex.tp_mesh()
 ON = "--equarx_enable --equarx_min_bytes=65536"  # the default scheme; these sites are 64 KiB
@@ -161,7 +161,7 @@ def test_aot_stages_and_output_sharding_of_a_sharded_result():
 
 
 def test_sdy_sharding_text():
-  from equarx_pass import match
+  from equarx_pass.planning import match
 
   mesh = match.Mesh(("tp",), (8,), tuple(range(8)))
   text = partitioned.sdy_sharding_text(NamedSharding(MESH, P(None, "tp")), "mesh", mesh, 3)

@@ -19,9 +19,10 @@ import pytest
 from jax.extend.mlir import ir
 
 import equarx_pass
-from equarx_pass import _jax_private, parse
+from equarx_pass import _jax_private
+from equarx_pass.ir import parse
 from equarx_pass.errors import EquarxError, ParseError
-from equarx_pass.policy import Policy
+from equarx_pass.planning.policy import Policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "hlo_fixtures")
@@ -215,7 +216,7 @@ def test_parse_bytes_raises_parse_error_with_position(name):
 )
 def test_errors_after_parsing_name_the_input(error, monkeypatch):
   """The CLI prints only the message: a failed rewrite must say which file."""
-  from equarx_pass import transform
+  from equarx_pass.frontends import transform
 
   def fail(module, policy):
     raise error("all-reduce #0 at f.py:3: cannot emit the quantized ring")
@@ -310,7 +311,7 @@ def test_exported_artifact_and_its_corruptions():
 
 CHILD = r"""
 import json, sys
-from equarx_pass import parse
+from equarx_pass.ir import parse
 from equarx_pass.errors import EquarxError
 out = []
 for arg in sys.argv[1:]:
@@ -459,7 +460,12 @@ def test_outputs_that_are_not_plain_files(tmp_path):
 def test_cli_full_standard_output(tmp_path):
   with open("/dev/full", "w") as full:
     proc = subprocess.run(
-      [sys.executable, "-m", "equarx_pass.cli", os.path.join(FIXTURES, "tp_mlp_f32.mlir")],
+      [
+        sys.executable,
+        "-m",
+        "equarx_pass.frontends.cli",
+        os.path.join(FIXTURES, "tp_mlp_f32.mlir"),
+      ],
       stdout=full,
       stderr=subprocess.PIPE,
       text=True,
@@ -487,7 +493,7 @@ def test_bad_input_to_transform_file_writes_nothing(tmp_path):
 
 def equarx_opt(*args):
   return subprocess.run(
-    [sys.executable, "-m", "equarx_pass.cli", *map(str, args)],
+    [sys.executable, "-m", "equarx_pass.frontends.cli", *map(str, args)],
     capture_output=True,
     text=True,
     env=ENV,

@@ -16,10 +16,11 @@ import pytest
 from jax.sharding import Mesh, PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import wire_bytes
-from equarx_pass.calibrated import calibration, outlier
+from equarx_pass.ir import wire_bytes
+from equarx_pass.emission import outlier
+from equarx_pass.planning import calibration
 from equarx_pass.errors import ParseError
-from equarx_pass.policy import Policy
+from equarx_pass.planning.policy import Policy
 from meshes import psum_program
 
 ON = "--equarx_enable --equarx_min_bytes=0"

@@ -18,7 +18,7 @@ ENV.pop("EQUARX_FLAGS", None)
 
 def equarx_opt(*args, env=None):
   return subprocess.run(
-    [sys.executable, "-m", "equarx_pass.cli", *map(str, args)],
+    [sys.executable, "-m", "equarx_pass.frontends.cli", *map(str, args)],
     capture_output=True,
     text=True,
     env=env or ENV,

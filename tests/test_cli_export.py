@@ -23,7 +23,8 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_pass
 import programs
-from equarx_pass import _jax_private, parse
+from equarx_pass import _jax_private
+from equarx_pass.ir import parse
 from run_module import run_per_device
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
@@ -39,7 +40,7 @@ def equarx_opt(*commands: list, text: bool = True) -> list[subprocess.CompletedP
   JAX); return their results in order."""
   procs = [
     subprocess.Popen(
-      [sys.executable, "-m", "equarx_pass.cli", *map(str, args)],
+      [sys.executable, "-m", "equarx_pass.frontends.cli", *map(str, args)],
       stdout=subprocess.PIPE,
       stderr=subprocess.PIPE,
       text=text,

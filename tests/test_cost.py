@@ -3,7 +3,8 @@ rewrite's, and the prediction (cost.py)."""
 
 import pytest
 
-from equarx_pass import cost, platforms
+from equarx_pass.planning import cost
+from equarx_pass import platforms
 from equarx_pass.traffic import Declaration
 from equarx_pass import topology as topology_lib
 

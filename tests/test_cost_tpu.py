@@ -16,7 +16,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import platforms, tpu_aot
+from equarx_pass import platforms
+from equarx_pass.frontends import tpu_aot
 
 pytestmark = pytest.mark.libtpu  # skipped without libtpu (pip install 'equarx-pass[tpu]')
 

@@ -170,8 +170,8 @@ def test_quantized_constant_table_program_is_the_scheme_model():
   # pos_embed_257's error (2.1e-2) is the scheme's own on its partial sums: the
   # output minus the constant equals the NumPy model of the scheme fed with each
   # device's partial product, to f32 rounding.
-  from equarx_pass import scheme as scheme_lib
-  from equarx_pass.policy import Policy
+  from equarx_pass.emission import scheme as scheme_lib
+  from equarx_pass.planning.policy import Policy
 
   prog = BY_NAME["pos_embed_257"]
   got, _, fn = run_pair(prog, QUANTIZED)

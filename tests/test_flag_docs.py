@@ -1,5 +1,5 @@
 """One source for the flags: `equarx-opt --help` and the docs' flag reference both come
-from equarx_pass.policy.FLAGS (the docs site renders `flags_markdown()` when it is built),
+from equarx_pass.planning.policy.FLAGS (the docs site renders `flags_markdown()` when it is built),
 and every flag README.md and the docs pages name is a real one.
 """
 
@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 
-from equarx_pass import policy
+from equarx_pass.planning import policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,7 +45,7 @@ def test_docs_flag_page_renders_the_generated_table():
 
 def test_help_shows_every_flag_with_its_table_text():
   proc = subprocess.run(
-    [sys.executable, "-m", "equarx_pass.cli", "--help"], capture_output=True, text=True
+    [sys.executable, "-m", "equarx_pass.frontends.cli", "--help"], capture_output=True, text=True
   )
   assert proc.returncode == 0, proc.stderr
   shown = _words(proc.stdout)

@@ -47,7 +47,10 @@ from jax.extend import backend as jax_backend
 from jax.extend.mlir import ir
 
 import cut_foreign_modules as cut
-from equarx_pass import _jax_private, match, parse, policy as policy_lib, rewrite
+from equarx_pass.ir import traverse
+from equarx_pass import _jax_private, rewrite
+from equarx_pass.planning import match, policy as policy_lib
+from equarx_pass.ir import parse
 from equarx_pass.errors import EquarxError, ParseError, VerifyError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -236,7 +239,7 @@ def test_pipeline(name):
 
   # Rewritten sites keep their result types, seen from every user.
   seen = {}
-  for op in match.walk(result.module.operation):
+  for op in traverse.walk(result.module.operation):
     if TAG in op.attributes:
       for key in (ir.StringAttr(a).value for a in ir.ArrayAttr(op.attributes[TAG])):
         _, _, operand = key.split(":")
@@ -365,7 +368,7 @@ def _runnable_text(module: ir.Module) -> tuple[str, list] | None:
     return None
   with module.context:
     main.attributes["sym_name"] = ir.StringAttr.get("main")
-    for op in match.walk(module.operation):
+    for op in traverse.walk(module.operation):
       if TAG in op.attributes:
         del op.attributes[TAG]
   types = []

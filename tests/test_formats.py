@@ -16,9 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from equarx_pass import quantize as qz
-from equarx_pass.formats import FORMATS, MXINT8
-from equarx_pass.formats.integer import uniform_draws
+from equarx_pass.ir import traverse
+from equarx_pass.emission import quantize as qz
+from equarx_pass.emission.formats import FORMATS, MXINT8
+from equarx_pass.emission.formats.integer import uniform_draws
 
 NAMES = sorted(FORMATS)
 
@@ -79,15 +80,15 @@ def _emitted_equals_numpy(fmt):
   """One quantize -> dequantize through the tiled form's codec, compiled on XLA:CPU."""
   from jax.extend.mlir import ir
 
-  from equarx_pass import _jax_private, match
-  from equarx_pass.hlo_builder import Emitter
-  from equarx_pass.quantize_emit import TileCodec
+  from equarx_pass import _jax_private
+  from equarx_pass.ir.hlo_builder import Emitter
+  from equarx_pass.emission.quantize_emit import TileCodec
 
   b = _block(fmt, 128)
   x = _draw(np.random.default_rng(3), fmt, blocks=32, default=b).reshape(32, b)
   lowered = jax.jit(lambda v: v).lower(jax.ShapeDtypeStruct(x.shape, jnp.float32))
   module = lowered.compiler_ir("stablehlo")
-  body = match.find_function(module, "main").opview.body.blocks[0]
+  body = traverse.find_function(module, "main").opview.body.blocks[0]
   for op in list(body.operations):
     op.erase()
   with module.context, ir.Location.unknown(), ir.InsertionPoint(body):
@@ -161,8 +162,8 @@ def test_a_format_registered_after_import_is_a_choice():
   """The registries stay open: a format registered by a user after import is accepted by
   the flags and emitted like the built-in ones (here a copy of int8 under a new name)."""
   import equarx_pass
-  from equarx_pass import formats
-  from equarx_pass import scheme as scheme_lib
+  from equarx_pass.emission import formats
+  from equarx_pass.emission import scheme as scheme_lib
 
   mine = dataclasses.replace(formats.INT8, name="int8_mine")
   formats.register(mine)

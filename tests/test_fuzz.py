@@ -15,8 +15,9 @@ import sys
 import fuzz
 import pytest
 
-from equarx_pass import parse, transform
-from equarx_pass.policy import Policy
+from equarx_pass.ir import parse
+from equarx_pass.frontends import transform
+from equarx_pass.planning.policy import Policy
 
 TOOL = fuzz.__file__
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
@@ -105,7 +106,7 @@ def test_cases_are_reproducible_and_mutated(bases):
 
 
 def test_every_scheme_option_is_drawn():
-  from equarx_pass import policy
+  from equarx_pass.planning import policy
 
   rng = random.Random(0)
   seen = collections.defaultdict(set)

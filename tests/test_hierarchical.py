@@ -15,9 +15,10 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import hierarchical, topology
-from equarx_pass import scheme as scheme_lib
-from equarx_pass.policy import Policy
+from equarx_pass.emission import hierarchical
+from equarx_pass import topology
+from equarx_pass.emission import scheme as scheme_lib
+from equarx_pass.planning.policy import Policy
 
 MESH = jax.make_mesh((2, 4), ("dcn", "ici"))
 SPEC = P(("dcn", "ici"))

@@ -7,8 +7,10 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from equarx_pass import match, parse
-from equarx_pass.policy import Policy
+from equarx_pass.ir import traverse
+from equarx_pass.planning import match
+from equarx_pass.ir import parse
+from equarx_pass.planning.policy import Policy
 from equarx_pass.rewrite import rewrite_module
 from run_module import run_per_device
 
@@ -84,7 +86,7 @@ MHLO = f"""module attributes {{mhlo.num_replicas = {DEVICES} : i32}} {{
 
 
 def _inputs(module, seed=0):
-  main = match.find_function(module, "main").opview
+  main = traverse.find_function(module, "main").opview
   rng = np.random.default_rng(seed)
   dtypes = {"f32": np.float32, "bf16": ml_dtypes.bfloat16}
   return [
@@ -113,8 +115,8 @@ def test_rewritten_once_and_within_quantization_error(text):
   assert [r.decision for r in result.records] == ["rewritten"], result.records
   assert not any(
     op.name in ("stablehlo.all_reduce", "mhlo.all_reduce", "stablehlo.async_start")
-    for f in match.called_functions(result.module)
-    for op in match.walk(f)
+    for f in traverse.called_functions(result.module)
+    for op in traverse.walk(f)
   )
   for g, w in zip(got, want):
     assert g.dtype == w.dtype and g.shape == w.shape
@@ -128,7 +130,7 @@ def test_promoting_all_reduce_keeps_its_result_type():
   (record,) = result.records
   assert record.rewritten and record.dtypes == ("f32",)
   assert "bf16 summed as f32" in record.reason
-  main = match.find_function(result.module, "main").opview
+  main = traverse.find_function(result.module, "main").opview
   assert [str(t) for t in main.type.results] == ["tensor<4096xf32>"]
   inputs = _inputs(parsed.module)
   (got,) = run_per_device(result.module, inputs)

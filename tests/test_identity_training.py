@@ -43,7 +43,9 @@ from jax.sharding import PartitionSpec as P
 
 import equarx_pass
 import programs
-from equarx_pass import partitioned, site_patterns
+from equarx_pass.ir import traverse
+from equarx_pass.frontends import partitioned
+from equarx_pass import site_patterns
 from programs import IDENTITY, assert_same
 
 ALL_OPS = "--equarx_ops=all_reduce,reduce_scatter,all_gather"
@@ -533,10 +535,8 @@ def _zero_float_constants(module):
   """Every float constant of more than one value made zeros (what a lossy dump did)."""
   from jax.extend.mlir import ir
 
-  from equarx_pass import match
-
   with module.context, ir.Location.unknown():
-    for op in match.walk(module.operation):
+    for op in traverse.walk(module.operation):
       if op.name != "stablehlo.constant":
         continue
       attr = op.attributes["value"]
@@ -550,11 +550,9 @@ def _rotate_replica_groups(module):
   """Every collective's groups listed from their second device: another device order."""
   from jax.extend.mlir import ir
 
-  from equarx_pass import match
-
   i64 = ir.IntegerType.get_signless(64, module.context)
   with module.context, ir.Location.unknown():
-    for op in match.walk(module.operation):
+    for op in traverse.walk(module.operation):
       if "replica_groups" not in op.attributes or not op.name.startswith("stablehlo.all_"):
         continue
       attr = op.attributes["replica_groups"]

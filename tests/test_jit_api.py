@@ -10,8 +10,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import policy as policy_lib
-from equarx_pass.algorithms import ring
+from equarx_pass.planning import policy as policy_lib
+from equarx_pass.emission.algorithms import ring
 
 MESH = Mesh(np.array(jax.devices()).reshape(8), ("x",))
 SHARDED = NamedSharding(MESH, P("x"))
@@ -339,7 +339,7 @@ def test_a_new_signature_of_the_same_program_is_not_rewritten_again(monkeypatch)
   abstract mesh in its type, and the step's output the mesh's (flax NNX's rng counters):
   a new signature, but jax.jit lowers the same program for it and compiles it once.  So
   does equarx_pass.jit: one rewrite, one report entry, no second compile."""
-  from equarx_pass import partitioned
+  from equarx_pass.frontends import partitioned
 
   mesh = jax.make_mesh((8,), ("x",))
   reads = []
@@ -511,7 +511,7 @@ def test_outline_changes_only_the_rounding_of_a_sites_last_multiply():
   consumes the site's result into one fused multiply-add: one rounding where the
   outlined site, whose result is the product rounded at the call boundary, and the NumPy
   model have two.  A site whose result is not added to is the same either way."""
-  from equarx_pass import scheme as scheme_lib
+  from equarx_pass.emission import scheme as scheme_lib
 
   x = data(cols=4096, seed=3)
   c = np.random.default_rng(4).standard_normal(4096).astype(np.float32)

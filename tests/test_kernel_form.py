@@ -17,9 +17,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import quantize as qz
-from equarx_pass import quantize_kernel
-from equarx_pass import scheme as scheme_lib
+from equarx_pass.emission import quantize as qz
+from equarx_pass.emission import quantize_kernel
+from equarx_pass.emission import scheme as scheme_lib
 from equarx_pass.errors import FlagError
 from meshes import psum_program
 

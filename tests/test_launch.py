@@ -1,4 +1,4 @@
-"""equarx-run / python -m equarx_pass.launch: a program's own jax.jit through the pass,
+"""equarx-run / python -m equarx_pass.frontends.launch: a program's own jax.jit through the pass,
 the program unedited."""
 
 import os
@@ -45,7 +45,7 @@ def run(tmp_path, flags, *launch_args, program=PROGRAM):
     env["EQUARX_FLAGS"] = flags
   args = launch_args or (str(script),)
   return subprocess.run(
-    [sys.executable, "-m", "equarx_pass.launch", *args],
+    [sys.executable, "-m", "equarx_pass.frontends.launch", *args],
     capture_output=True,
     text=True,
     timeout=300,

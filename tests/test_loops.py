@@ -8,7 +8,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import loops, match
+from equarx_pass.planning import loops, match
 
 MESH = jax.make_mesh((8,), ("x",))
 

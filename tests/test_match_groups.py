@@ -5,7 +5,9 @@ import pytest
 from jax.extend.mlir import ir
 
 import equarx_pass
-from equarx_pass import _jax_private, match
+from equarx_pass.ir import traverse
+from equarx_pass import _jax_private
+from equarx_pass.planning import match
 
 MODULE = """module attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {
   sdy.mesh @mesh = <["dp"=2, "tp"=4], device_ids=[7,6,5,4,3,2,1,0]>
@@ -85,7 +87,7 @@ def test_rewrite_permutes_stay_inside_groups(name, attrs, groups):
   assert [r.decision for r in result.records] == ["rewritten"]
   member = {d: i for i, g in enumerate(groups) for d in g}
   permutes = [
-    op for op in match.walk(result.module.operation) if op.name == "stablehlo.collective_permute"
+    op for op in traverse.walk(result.module.operation) if op.name == "stablehlo.collective_permute"
   ]
   assert len(permutes) == 2
   for op in permutes:

@@ -5,7 +5,9 @@ import pytest
 from jax.extend import mlir as jax_mlir
 from jax.extend.mlir import ir
 
-from equarx_pass import _jax_private, match, mhlo_legalize
+from equarx_pass.ir import traverse
+from equarx_pass import _jax_private
+from equarx_pass.ir import mhlo_legalize
 
 TUPLE_ALL_TO_ALL = """HloModule m, num_partitions=4
 ENTRY e {
@@ -32,7 +34,7 @@ def test_copies_and_tuple_all_to_alls_become_stablehlo():
   assert mhlo_legalize.remaining(module) == ["mhlo.all_to_all", "mhlo.copy"]
   assert mhlo_legalize.legalize(module) == []
   module.operation.verify()
-  [a2a] = [op for op in match.walk(module.operation) if op.name == "stablehlo.all_to_all"]
+  [a2a] = [op for op in traverse.walk(module.operation) if op.name == "stablehlo.all_to_all"]
   assert ir.RankedTensorType(a2a.operands[0].type).shape == [4, 2, 3]
   assert int(ir.IntegerAttr(a2a.attributes["split_count"])) == 4
 

@@ -18,9 +18,9 @@ import sys
 
 import numpy as np
 
-from equarx_pass import hierarchical
-from equarx_pass import scheme as scheme_lib
-from equarx_pass.policy import Policy
+from equarx_pass.emission import hierarchical
+from equarx_pass.emission import scheme as scheme_lib
+from equarx_pass.planning.policy import Policy
 
 SCHEMES = {
   "ring": "--equarx_algorithm=ring --equarx_rotation=none --equarx_block_size=128",

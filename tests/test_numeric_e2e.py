@@ -22,9 +22,10 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import _jax_private, parse
-from equarx_pass.algorithms import ring
-from equarx_pass.policy import Policy
+from equarx_pass import _jax_private
+from equarx_pass.ir import parse
+from equarx_pass.emission.algorithms import ring
+from equarx_pass.planning.policy import Policy
 from bitwise import assert_same_bits, bits
 from meshes import ring_groups
 

@@ -29,9 +29,9 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import policy as policy_lib
-from equarx_pass import rotation
-from equarx_pass import scheme as scheme_lib
+from equarx_pass.planning import policy as policy_lib
+from equarx_pass.emission import rotation
+from equarx_pass.emission import scheme as scheme_lib
 from bitwise import assert_same_bits
 from meshes import ring_groups
 

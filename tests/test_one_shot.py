@@ -16,8 +16,8 @@ import pytest
 from jax.sharding import Mesh
 
 import equarx_pass
-from equarx_pass import scheme as scheme_lib
-from equarx_pass.algorithms import ALGORITHMS
+from equarx_pass.emission import scheme as scheme_lib
+from equarx_pass.emission.algorithms import ALGORITHMS
 from meshes import psum_program
 
 ACROSS = "--equarx_enable --equarx_platform=tpu --equarx_domain_devices=4 --equarx_rotation=none "

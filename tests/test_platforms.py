@@ -7,13 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from equarx_pass import cost, platforms, plan, site_patterns
+from equarx_pass.planning import cost, plan
+from equarx_pass import platforms, site_patterns
 from equarx_pass import topology as topology_lib
-from equarx_pass.hlo_builder import ChannelAllocator
-from equarx_pass.layout import make_schedule
-from equarx_pass.match import Candidate, Operand, Site
+from equarx_pass.ir.hlo_builder import ChannelAllocator
+from equarx_pass.ir.layout import make_schedule
+from equarx_pass.planning.match import Candidate, Operand, Site
 from equarx_pass.platforms import LinkClass, PlatformRules
-from equarx_pass.policy import Policy
+from equarx_pass.planning.policy import Policy
 
 TOY_LINKS = (LinkClass("toy_fast", 10.0, 1e-6), LinkClass("toy_slow", 1.0, 1e-4))
 

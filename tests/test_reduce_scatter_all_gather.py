@@ -15,8 +15,8 @@ import pytest
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import scheme as scheme_lib
-from equarx_pass import wire_bytes
+from equarx_pass.emission import scheme as scheme_lib
+from equarx_pass.ir import wire_bytes
 
 ON = (
   "--equarx_enable --equarx_min_bytes=0 --equarx_force "
@@ -222,7 +222,7 @@ IN_ORDER = "[0, 128, 256, 384, 512, 640, 768, 896]"
 
 def test_a_slice_table_that_is_an_argument_leaves_the_all_reduce():
   """The offsets come from a table the caller passes: not known here, so no reduce-scatter."""
-  from equarx_pass import parse
+  from equarx_pass.ir import parse
   from equarx_pass.rewrite import rewrite_module
 
   text = SLICED.replace(
@@ -250,7 +250,7 @@ def test_an_all_reduce_and_its_slice_become_a_reduce_scatter_only_when_exact(tab
   reduce-scatter gives each device the piece its table entry names, as the model does.
   (Modules that keep their own partition_id cannot run outside a JAX program: XLA's SPMD
   pass refuses them, so only the converted one runs here.)"""
-  from equarx_pass import parse
+  from equarx_pass.ir import parse
   from equarx_pass.rewrite import rewrite_module
   from run_module import run_per_device
 

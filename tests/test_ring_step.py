@@ -1,13 +1,13 @@
-"""The ring step alone (equarx_pass.ring_step, as tools/bench_gpu_step.py times it)
+"""The ring step alone (equarx_pass.emission.ring_step, as tools/bench_gpu_step.py times it)
 equals the NumPy model bit for bit on XLA:CPU, and the tool's probe of the backend's
 arithmetic sees what the model assumes there: correctly rounded 1/x and an FMA."""
 
 import numpy as np
 import pytest
 
-from equarx_pass import quantize as qz
-from equarx_pass import ring_step
-from equarx_pass.formats import FORMATS
+from equarx_pass.emission import quantize as qz
+from equarx_pass.emission import ring_step
+from equarx_pass.emission.formats import FORMATS
 
 VALUES, BLOCK = 8192, 1024
 

@@ -19,7 +19,10 @@ import numpy as np
 import pytest
 
 import equarx_pass
-from equarx_pass import match, outline, report
+from equarx_pass.ir import traverse
+from equarx_pass.planning import match
+from equarx_pass.ir import outline
+from equarx_pass import report
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo
 
@@ -102,9 +105,9 @@ def test_every_fixture_has_a_check_file():
 def test_every_scheme_option_has_a_check_file():
   # Each algorithm, wire format, rotation and block layout, and microshards, is selected
   # by some check file's RUN line, so the structure it emits is pinned down.
-  from equarx_pass import rotation, scheme as scheme_lib
-  from equarx_pass.algorithms import ALGORITHMS
-  from equarx_pass.formats import FORMATS
+  from equarx_pass.emission import rotation, scheme as scheme_lib
+  from equarx_pass.emission.algorithms import ALGORITHMS
+  from equarx_pass.emission.formats import FORMATS
 
   schemes = [equarx_pass.Policy.from_flags(read_check(name)[1]).scheme for name in CHECK_FILES]
   assert {s.algorithm for s in schemes} >= set(ALGORITHMS)
@@ -205,7 +208,7 @@ def collectives(text: str, name: str) -> list[Collective]:
   (IR objects must not outlive their module)."""
   module = equarx_pass.parse_bytes(text).module
   out = []
-  for op in match.walk(module.operation):
+  for op in traverse.walk(module.operation):
     if op.name != name:
       continue
     attrs = op.attributes
@@ -324,7 +327,7 @@ def test_padding_that_costs_bytes_is_left_native_unless_forced():
 
 def _op_counts(text: str):
   module = equarx_pass.parse_bytes(text).module
-  return collections.Counter(op.name for op in match.walk(module.operation))
+  return collections.Counter(op.name for op in traverse.walk(module.operation))
 
 
 @pytest.mark.parametrize(
@@ -354,9 +357,9 @@ def assert_collectives_in_place(text: str) -> None:
   """No function the pass made holds a collective, and no loop holds one unless the
   program had it there (the fixtures' own loops hold their all-reduces)."""
   module = equarx_pass.parse_bytes(text).module
-  for function in match.called_functions(module):
+  for function in traverse.called_functions(module):
     name = function.attributes["sym_name"].value
-    inside = [op.name for op in match.walk(function) if op.name in outline.COLLECTIVES]
+    inside = [op.name for op in traverse.walk(function) if op.name in outline.COLLECTIVES]
     assert not (name.startswith("equarx_") and inside), (name, inside)
 
 
@@ -368,7 +371,7 @@ def test_cpu_sites_keep_their_collectives_in_the_caller(fixture):
   was (2(N-1) per site), none inside a loop (outline.py says why)."""
   result = transform(fixture, f"--equarx_enable {RING_CPU}")
   module = equarx_pass.parse_bytes(result.text).module
-  loops = [op for op in match.walk(module.operation) if op.name == "stablehlo.while"]
+  loops = [op for op in traverse.walk(module.operation) if op.name == "stablehlo.while"]
   assert not any(outline.holds_collective(loop) for loop in loops)
   sites = [r for r in result.records if r.rewritten]
   assert sites and len(permutes(result.text)) == sum(2 * (r.group_size - 1) for r in sites)

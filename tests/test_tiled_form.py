@@ -16,9 +16,10 @@ from jax.extend.mlir import ir
 from jax.sharding import Mesh
 
 import equarx_pass
-from equarx_pass import _jax_private, match
-from equarx_pass import scheme as scheme_lib
-from equarx_pass.policy import Policy
+from equarx_pass.ir import traverse
+from equarx_pass import _jax_private
+from equarx_pass.emission import scheme as scheme_lib
+from equarx_pass.planning.policy import Policy
 from meshes import psum_program
 
 TILED = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_platform=tpu "
@@ -105,7 +106,7 @@ def test_tiled_form_has_no_loop_and_no_packed_scales(inputs):
   module = ir.Module.parse(
     fn.lower(inputs).as_text(dialect="stablehlo"), context=_jax_private.make_ir_context()
   )
-  names = [op.name for op in match.walk(module.operation)]
+  names = [op.name for op in traverse.walk(module.operation)]
   assert "stablehlo.while" not in names and "stablehlo.bitcast_convert" not in names
   assert names.count("stablehlo.all_to_all") == 2 and names.count("stablehlo.all_gather") == 2
   assert names.count("stablehlo.dot_general") == 2  # forward and inverse rotation
@@ -188,7 +189,7 @@ def test_large_groups_loop_with_the_same_bits(monkeypatch, inputs, flags):
   """From LOOP_FROM_MEMBERS members on, the steps that repeat per member are a loop
   (the emitted size stays the same whatever the group); lowered here to 4 so that the 8
   CPU devices run the loop form: the model's bits, as written out."""
-  from equarx_pass.algorithms import one_shot, ring, two_shot
+  from equarx_pass.emission.algorithms import one_shot, ring, two_shot
 
   written = _run(flags, inputs)[1]
   monkeypatch.setattr(two_shot, "LOOP_FROM_MEMBERS", 4)

@@ -1,6 +1,6 @@
 """Rewritten fixtures compile for real TPU topologies (libtpu, ahead of time, no TPU needed).
 
-Each compile runs in a child process (equarx_pass.tpu_aot) and takes a few seconds, so
+Each compile runs in a child process (equarx_pass.frontends.tpu_aot) and takes a few seconds, so
 there are only five: the 4-device MLP for v5e:2x2 rewritten and as it was, two 8-device
 fixtures for v4:2x2x1 (subgroups, and the psum in a function called from a while
 body), and one module of the wrong device count.
@@ -11,7 +11,7 @@ import os
 import pytest
 
 import equarx_pass
-from equarx_pass.tpu_aot import compile_for_target
+from equarx_pass.frontends.tpu_aot import compile_for_target
 from equarx_pass.errors import CompileError
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hlo_fixtures")

@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import Mesh
 
 import equarx_pass
-from equarx_pass import scheme as scheme_lib
+from equarx_pass.emission import scheme as scheme_lib
 from meshes import psum_program
 
 TPU = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_platform=tpu "

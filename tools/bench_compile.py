@@ -238,7 +238,7 @@ def child(cfg: dict) -> dict:
     lowered = _jax_private.lowered_with_module(lowered, result.module)
     module = result.module
   else:
-    from equarx_pass import match
+    from equarx_pass.planning import match
 
     out["sites"] = len(match.find_all_reduces(module))
   out["module_ops"] = str(module).count(" = ")
@@ -249,7 +249,7 @@ def child(cfg: dict) -> dict:
   out["phases_s"] = phases
   out.update(hlo_stats(compiled.as_text()))
   if cfg.get("tpu"):
-    from equarx_pass import tpu_aot
+    from equarx_pass.frontends import tpu_aot
 
     try:
       tpu = tpu_aot.compile_for_target(str(module), cfg["tpu"])

@@ -6,13 +6,13 @@
 The GPU step: between two collective-permutes, every ring step dequantizes
 the chunk it received, adds its own f32 chunk and quantizes the sum for the next
 hop.  This tool emits exactly those ops with the pass's own emitter
-(`ring.emit_ring_step` in equarx_pass/algorithms/ring.py, the body of the reduce-scatter loop without the permute),
+(`ring.emit_ring_step` in equarx_pass/emission/algorithms/ring.py, the body of the reduce-scatter loop without the permute),
 compiles them for the device alone and times them for large chunks, next to:
   - the device's copy bandwidth (a jitted f32 negate: one read and one write, the
     cheapest pass over the chunk), measured in the same run;
   - the time the chunk's payload takes on a few links (NVLink-class 450 GB/s,
     100 Gbit/s, 1 Gbit/s), so one can see whether the step hides behind the transfer.
-Each step's output is checked against the NumPy model (equarx_pass/ring_step.py): "model" says
+Each step's output is checked against the NumPy model (equarx_pass/emission/ring_step.py): "model" says
 "same bits", "same bits, no FMA" (the model with the product rounded before the add),
 or how many codes and scales differ from the model.  The step needs no collective,
 so one device is enough (`--platform cuda` needs jax[cuda] on the GPU machine).  Writes JSON (--out) and a PNG next to it.
@@ -64,9 +64,9 @@ def main() -> int:
   import jax
   import numpy as np
 
-  from equarx_pass import quantize as qz
-  from equarx_pass import ring_step
-  from equarx_pass.formats import FORMATS
+  from equarx_pass.emission import quantize as qz
+  from equarx_pass.emission import ring_step
+  from equarx_pass.emission.formats import FORMATS
 
   device = jax.devices()[0]
   print(f"device: {device.platform} {device.device_kind}", flush=True)

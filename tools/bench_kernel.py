@@ -16,7 +16,7 @@ it compiles the pass's emitted ops) and once as one Pallas kernel over blocks of
 Printed per stage: the median of --calls calls of each, beside one pass over the stage's
 input (x + 1), and how many codes and scales the kernel gets differently from XLA.
 
-Both sides share the kernel form's codec (equarx_pass/quantize_kernel.py, which emits
+Both sides share the kernel form's codec (equarx_pass/emission/quantize_kernel.py, which emits
 these stages as kernels into the site: --equarx_form=kernel); what this isolates is what
 one kernel gains over XLA's compilation of the same math, stage by stage.
 """
@@ -36,7 +36,7 @@ ROW = 128  # the rotation's and the block's size
 def quantize_rows(jnp, y):
   """Codes and scales of f32 rows [rows, 128]: the kernel form's codec
   (quantize_kernel.quantize_tiles, quantize.py's int8 block codec), on rows in tiles of 8."""
-  from equarx_pass.quantize_kernel import quantize_tiles
+  from equarx_pass.emission.quantize_kernel import quantize_tiles
 
   rows = y.shape[0]
   codes, scale = quantize_tiles(jnp, y.reshape(rows // 8, 8, ROW))
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
   import numpy as np
   from jax.experimental import pallas as pl
 
-  from equarx_pass import rotation
+  from equarx_pass.emission import rotation
 
   values = benchlib.parse_size(args.values)
   rows, block = values // ROW, args.rows_per_block

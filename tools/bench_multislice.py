@@ -20,7 +20,7 @@ per chip, compiled these ways:
   default       equarx_pass.jit with the default flags: the cost model decides
 
 DCN bytes per chip are counted from the compiled program's cross-slice transfers
-(equarx_pass.tpu_aot.cross_slice_bytes); the report's own DCN bytes are printed beside them.
+(equarx_pass.frontends.tpu_aot.cross_slice_bytes); the report's own DCN bytes are printed beside them.
 On-chip time is the compiler's estimate (`cost_analysis()["optimal_seconds"]`), which prices
 no ICI or DCN transfer: an estimate, not a measurement on a TPU.
 """
@@ -81,7 +81,7 @@ def measure(
   from jax.sharding import PartitionSpec as P
 
   import equarx_pass
-  from equarx_pass.tpu_aot import cross_slice_bytes
+  from equarx_pass.frontends.tpu_aot import cross_slice_bytes
   from int8_reference import hierarchical_int8
 
   mesh, per_slice = hybrid_mesh(topology, slices)

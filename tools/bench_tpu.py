@@ -7,7 +7,7 @@
       --scheme=--equarx_enable --collectives-alone   # and what the collectives alone cost
 
 No TPU is used or needed: libtpu compiles ahead of time for a named topology
-(equarx_pass.tpu_aot.compile_for_target).  For each topology, message size and dtype,
+(equarx_pass.frontends.tpu_aot.compile_for_target).  For each topology, message size and dtype,
 a psum of a flat array (with --columns, a [rows, columns] one) over all chips is
 compiled as it is and rewritten by each scheme in the form the pass emits for TPU
 (--equarx_platform=tpu: the tiled forms of two-shot and the ring; --form flat for the
@@ -23,7 +23,7 @@ flat form).  Reported, all of it COMPILER ESTIMATES, not measurements:
                     Pallas kernel's operands count in the peak, not in temp)
 Neither of them prices the transfer over ICI: the all-reduce and the
 collective-permutes carry no estimate.  So the table also gives the wire bytes
-per chip (counted from the module, equarx_pass/wire_bytes.py) and the link bandwidth
+per chip (counted from the module, equarx_pass/ir/wire_bytes.py) and the link bandwidth
 below which the rewrite pays according to these estimates:
   break-even GB/s = (native ring bytes - quantized bytes) / (extra optimal_seconds)
 where the native ring sends the data's own type (bf16 or f32)
@@ -222,8 +222,8 @@ def main() -> int:
   import numpy as np
 
   import equarx_pass
-  from equarx_pass import wire_bytes
-  from equarx_pass import tpu_aot
+  from equarx_pass.ir import wire_bytes
+  from equarx_pass.frontends import tpu_aot
 
   jax.config.update("jax_num_cpu_devices", max(chips.values()))
   schemes = args.scheme or [

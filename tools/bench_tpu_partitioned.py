@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib  # noqa: E402
-from equarx_pass.tpu_aot import estimated_cycles  # noqa: E402
+from equarx_pass.frontends.tpu_aot import estimated_cycles  # noqa: E402
 
 # The TPU clock the estimated cycles are converted at (v5e: 1.5 GHz).
 CLOCK_HZ = 1.5e9
@@ -61,7 +61,7 @@ def measure(topology: str, slices: int, dtype_name: str, flags: str) -> dict:
 
   import equarx_pass
   from equarx_pass.examples import fsdp_step
-  from equarx_pass.tpu_aot import cross_slice_bytes
+  from equarx_pass.frontends.tpu_aot import cross_slice_bytes
 
   desc = topologies.get_topology_desc(platform="tpu", topology_name=topology, num_slices=slices)
   mesh = fsdp_step.hybrid_mesh(desc.devices, slices)

@@ -39,11 +39,12 @@ def twin_module(module, n: int):
   from jax.extend.mlir.dialects import func
   from jax.extend.mlir.dialects import stablehlo as hlo
 
-  from equarx_pass import match, rewrite
+  from equarx_pass.ir import traverse
+  from equarx_pass import rewrite
 
   twin = rewrite.copy_module(module)
   with twin.context, ir.Location.unknown():
-    manual = [op for op in match.walk(twin.operation) if op.name == "sdy.manual_computation"]
+    manual = [op for op in traverse.walk(twin.operation) if op.name == "sdy.manual_computation"]
     if len(manual) != 1:
       raise SystemExit(f"expected one shard_map in the program, found {len(manual)}")
     body = manual[0].regions[0].blocks[0]
@@ -70,7 +71,7 @@ def twin_module(module, n: int):
     for name in ("mhlo.num_partitions", "mhlo.num_replicas"):
       twin.operation.attributes[name] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 1)
 
-    for op in list(match.walk(site.operation)):  # a list: the loop erases ops
+    for op in list(traverse.walk(site.operation)):  # a list: the loop erases ops
       name = op.name
       if name in ("stablehlo.collective_permute", "stablehlo.all_to_all", "stablehlo.all_reduce"):
         # The data stays where it is (all_to_all: split and concatenated on one axis).

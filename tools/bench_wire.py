@@ -5,7 +5,7 @@
 
 For each group size, dtype and message size, one psum in a shard_map is lowered,
 rewritten with each scheme, and the bytes one rank sends are counted from the
-collective ops of the rewritten module (equarx_pass/wire_bytes.py: every
+collective ops of the rewritten module (equarx_pass/ir/wire_bytes.py: every
 collective_permute, all_gather, all_to_all, ... times the trip counts of the
 while loops around it).  Compared with a bf16 ring all-reduce of the same tensor
 (2(N-1) chunks of ceil(L/N) values, 2 bytes each) and with what the pass's own
@@ -43,7 +43,7 @@ def main() -> int:
   import numpy as np
 
   import equarx_pass
-  from equarx_pass import wire_bytes
+  from equarx_pass.ir import wire_bytes
 
   schemes = args.scheme or list(benchlib.DEFAULT_SCHEMES)
   rows = []

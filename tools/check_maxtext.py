@@ -8,7 +8,7 @@ Run it with the Python of an environment that has MaxText 0.2.4 (Python 3.12 or 
 jax[tpu]==0.10.2 (libtpu, for the compile-only TPU topologies) and this checkout
 (`pip install -e .`): docs/guides/maxtext.md gives the commands.  Each run is a child
 process of that Python (`--python` names another); the pass is turned on without touching
-MaxText, by `python -m equarx_pass.launch`, which makes `jax.jit` equarx_pass.jit for the
+MaxText, by `python -m equarx_pass.frontends.launch`, which makes `jax.jit` equarx_pass.jit for the
 process and reads the flags from EQUARX_FLAGS.
 
 Part `cpu`: MaxText's own trainer (`-m maxtext.trainers.pre_train.train`) on 8 CPU
@@ -26,7 +26,7 @@ dcn_data_parallelism=SLICES x ici_fsdp_parallelism=CHIPS, natively and under the
 with --aot-flags.  Per compile: the wall time of MaxText's jit_and_compile (jit, lower,
 compile), the bytes per chip one train step sends between slices (DCN) and the part of
 them that is int8 codes, counted from the compiled program (each computation's host
-transfers by equarx_pass.tpu_aot.cross_slice_bytes, times the runs of that computation in
+transfers by equarx_pass.frontends.tpu_aot.cross_slice_bytes, times the runs of that computation in
 one step: the scanned layers' loop bodies once per iteration), and
 compiled.memory_analysis() (peak, and MaxText's own total: arguments + outputs +
 temporaries - aliased).  Each compiled program's HLO text is kept in --work.
@@ -112,15 +112,15 @@ def aot_args(topology: str, slices: int) -> list[str]:
 
 # MaxText scans its layers (scan_layers=true): the per-layer gradient all-reduces sit in the
 # backward while loop's body (XLA peels one iteration into the caller), so one step sends
-# the body's transfers once per iteration; equarx_pass.tpu_aot.cross_slice_bytes counts so.
+# the body's transfers once per iteration; equarx_pass.frontends.tpu_aot.cross_slice_bytes counts so.
 # Here the same count is split by computation, with the part that is s8 codes.
 
 
 def dcn_bytes_per_step(text: str, slices: int) -> tuple[float, float, dict]:
   """(bytes per chip one run sends between slices, the part of them that is s8 codes,
   {computation: [runs, bytes per run]} for the computations that send any)."""
-  from equarx_pass.hlo_text import executions, split_computations
-  from equarx_pass.tpu_aot import cross_slice_bytes
+  from equarx_pass.ir.hlo_text import executions, split_computations
+  from equarx_pass.frontends.tpu_aot import cross_slice_bytes
 
   comps, _ = split_computations(text)
   runs = executions(text)
@@ -145,7 +145,7 @@ def aot_child(out_path: str, maxtext_args: list[str]) -> int:
 
   import numpy as np
 
-  from equarx_pass.tpu_aot import count_collectives, cross_slice_bytes, estimated_cycles
+  from equarx_pass.frontends.tpu_aot import count_collectives, cross_slice_bytes, estimated_cycles
 
   slices = next(
     int(a.split("=", 1)[1]) for a in maxtext_args if a.startswith("compile_topology_num_slices=")
@@ -267,7 +267,7 @@ def launcher(python: str, flags: str | None) -> tuple[list[str], dict]:
   """The interpreter prefix and environment of a native run (flags None) or a pass run."""
   if flags is None:
     return [python], {}
-  return [python, "-m", "equarx_pass.launch"], {"EQUARX_FLAGS": flags}
+  return [python, "-m", "equarx_pass.frontends.launch"], {"EQUARX_FLAGS": flags}
 
 
 def report_summary(log: str) -> str:

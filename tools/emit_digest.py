@@ -57,7 +57,7 @@ def digest(text: str) -> str:
 def fixture_digests(schemes_, fixtures) -> dict[str, str]:
   from equarx_pass import Policy
   from equarx_pass.errors import EquarxError
-  from equarx_pass.transform import transform_text
+  from equarx_pass.frontends.transform import transform_text
 
   out = {}
   for path in fixtures:
@@ -126,7 +126,7 @@ def main() -> int:
   import jax
 
   jax.config.update("jax_num_cpu_devices", 8)
-  from equarx_pass import policy
+  from equarx_pass.planning import policy
 
   fixtures = sorted(glob.glob(os.path.join(benchlib.ROOT, "hlo_fixtures", "*.mlir")))
   fixtures += sorted(glob.glob(os.path.join(benchlib.ROOT, "hlo_fixtures", "*.txt")))

@@ -3,7 +3,7 @@
     python tools/error_table.py [--values 1048576] [--groups 2,4,8]
                                 [--activations FILE.npz] [--out results/error_table]
 
-For each scheme x group size N x data set it runs equarx_pass.scheme.reference
+For each scheme x group size N x data set it runs equarx_pass.emission.scheme.reference
 (the model the rewritten programs equal bit for bit on CPU) and prints the
 relative L2 error against the float64 sum, plus the bits each value costs on
 the wire.  Data sets, f32 per rank:
@@ -36,9 +36,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
-from equarx_pass.calibrated import calibration, outlier  # noqa: E402
-from equarx_pass import scheme as scheme_lib  # noqa: E402
-from equarx_pass.policy import Policy  # noqa: E402
+from equarx_pass.emission import outlier
+from equarx_pass.planning import calibration  # noqa: E402
+from equarx_pass.emission import scheme as scheme_lib  # noqa: E402
+from equarx_pass.planning.policy import Policy  # noqa: E402
 
 # Every entry names its algorithm and rotation: the policy's defaults are not assumed.
 R, T, B = (

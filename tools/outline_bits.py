@@ -6,7 +6,7 @@ On 8 CPU devices, a shard_map psum of --values values per device (the default sc
 --equarx_min_bytes=0), followed by nothing, an add of a constant vector, a multiply by
 0.1, tanh, or (the psum of a product) an add; in f32 and bf16.  Each program runs with
 --equarx_outline=on and =off; the table gives how many values differ between the two and,
-in f32, how many of rank 0's values differ from the NumPy model (equarx_pass.scheme.
+in f32, how many of rank 0's values differ from the NumPy model (equarx_pass.emission.scheme.
 reference) followed by the same f32 op.  The flag reference (--equarx_outline) and
 BUILD_NOTES ("Compile-time decisions") quote it.
 """
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
   from jax.sharding import Mesh, PartitionSpec as P
 
   import equarx_pass
-  from equarx_pass import scheme as scheme_lib
+  from equarx_pass.emission import scheme as scheme_lib
 
   mesh = Mesh(np.array(jax.devices()), ("x",))
   n = mesh.size

@@ -8,7 +8,7 @@ Nothing runs on the described machines: a psum over every device (--axis all) or
 devices of one domain (--axis inside) is lowered on as many virtual CPU devices, rewritten
 for --platform with --equarx_domain_devices, and the report's decision and predicted
 speed-up are printed per network figure and size.  The figures are the cost model's
-(equarx_pass/cost.py), not measurements.
+(equarx_pass/planning/cost.py), not measurements.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ Measured per mesh and scheme: the train loss of every step; the held-out loss (m
 schemes, so it compares the trained parameters) every --eval-every steps and at the end;
 median seconds per step (the call and fetching the loss; the first call, which compiles,
 is reported apart); wire bytes one rank sends per step by collective kind, counted by
-equarx_pass/wire_bytes.py (ring model, logical bytes in the program's element types) on the
+equarx_pass/ir/wire_bytes.py (ring model, logical bytes in the program's element types) on the
 per-device program after SPMD partitioning: the module equarx_pass.jit's lower() returns
 for a scheme (the rewritten per-device program inside the rebuilt module), and for plain
 jax.jit the same route with --equarx_identity (every all-reduce kept native: the program
@@ -671,7 +671,7 @@ def main(argv=None) -> int:
   from jax.sharding import PartitionSpec as P
 
   import equarx_pass
-  from equarx_pass import wire_bytes
+  from equarx_pass.ir import wire_bytes
 
   start = time.perf_counter()
   schemes, missing = benchlib.split_schemes(

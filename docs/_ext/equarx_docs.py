@@ -2,7 +2,7 @@
 
 ```{equarx-flag-table}
 ```
-renders equarx_pass.policy.flags_markdown(): the flag reference is generated from the
+renders equarx_pass.planning.policy.flags_markdown(): the flag reference is generated from the
 flag definitions, the same table README.md holds and `equarx-opt --help` prints.
 """
 
@@ -16,10 +16,12 @@ class FlagTable(SphinxDirective):
   def run(self):
     from docutils import nodes
 
-    from equarx_pass import policy
+    from equarx_pass.planning import policy
 
     container = nodes.container()
-    lines = StringList(policy.flags_markdown().splitlines(), source="equarx_pass.policy.FLAGS")
+    lines = StringList(
+      policy.flags_markdown().splitlines(), source="equarx_pass.planning.policy.FLAGS"
+    )
     # Inside a MyST page this parses the table as Markdown.
     self.state.nested_parse(lines, self.content_offset, container)
     return container.children

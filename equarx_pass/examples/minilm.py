@@ -71,7 +71,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import equarx_pass
 from typing import Any
-from equarx_pass.policy import FLAGS, Policy
+from equarx_pass.planning.policy import FLAGS, Policy
 
 DEFAULT_CORPUS = pathlib.Path(__file__).with_name("minilm_corpus.txt")
 DEFAULT_SCHEME = "--equarx_enable"
