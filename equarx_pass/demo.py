@@ -153,8 +153,9 @@ def main(
   ffn: int = 4096,
 ) -> dict:
   jax = _start_jax()
-  import equarx_pass
   from jax.sharding import Mesh
+
+  import equarx_pass
 
   mesh = Mesh(np.array(jax.devices()[:NUM_DEVICES]), ("tp",))
   rng = np.random.default_rng(0)

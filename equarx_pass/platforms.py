@@ -76,6 +76,8 @@ class PlatformRules:
   """
 
   name: str
+  # The names JAX gives the platform (a device's `platform`, a lowering's platforms).
+  jax_platforms: tuple[str, ...]
   # Topology (topology.py): the (fast, slow) links, by the longest prefix of the device
   # kind that `links_by_device_kind` names, else `links`.
   links: tuple[LinkClass, LinkClass]
@@ -108,6 +110,16 @@ class PlatformRules:
   pieces_by_all_reduce: bool = False
   # --equarx_outline=auto outlines the rewritten sites (rewrite.py, outline.py).
   outline_by_default: bool = False
+  # The kernel form (quantize_kernel.py): where its Pallas kernels run for a program
+  # compiled for this platform ("tpu": Mosaic, "cuda": Triton, "interpret": Pallas's
+  # interpreter; "": none), and whether that needs this platform's own forms.
+  kernel_target: str = ""
+  kernel_needs_own_forms: bool = True
+  # The partitioned route (partitioned.py): the per-device program is read after the
+  # simplification passes that follow the SPMD partitioner (else right after it), and
+  # the compiler takes MHLO left in the rebuilt program (else StableHLO only).
+  read_after_simplification: bool = False
+  compiles_mhlo: bool = False
 
   def links_for(self, device_kind: str = "") -> tuple[LinkClass, LinkClass]:
     for prefix, links in self.links_by_device_kind:
@@ -126,6 +138,7 @@ def register(rules: PlatformRules) -> PlatformRules:
 register(
   PlatformRules(
     "cpu",
+    ("cpu",),
     CPU_LINKS,
     one_process_is_hosts=True,
     # XLA:CPU's collectives across processes (gloo): one flat ring, 16-bit floats as f32.
@@ -142,11 +155,17 @@ register(
     # hierarchical.domain_piece says why.
     pieces_by_all_reduce=True,
     outline_by_default=True,
+    # The kernels run in Pallas's interpreter whatever forms the program was given.
+    kernel_target="interpret",
+    kernel_needs_own_forms=False,
+    read_after_simplification=True,
+    compiles_mhlo=True,
   )
 )
 register(
   PlatformRules(
     "tpu",
+    ("tpu",),
     TPU_LINKS["TPU v5 lite"],
     tuple(TPU_LINKS.items()),
     domain_attribute="slice_index",
@@ -154,14 +173,27 @@ register(
     compute_s=(7e-6, 2.6e-11),
     kernel_compute_s=(7e-7, 1.14e-11),
     tile_order=True,
+    kernel_target="tpu",
   )
 )
-register(PlatformRules("gpu", GPU_LINKS, compute_s=(4.2e-5, 1.2e-11)))
+register(
+  PlatformRules(
+    "gpu", ("gpu", "cuda", "rocm"), GPU_LINKS, compute_s=(4.2e-5, 1.2e-11), kernel_target="cuda"
+  )
+)
 
 # A name no rule is registered for (none reaches the pass: policy.target_platform gives a
 # registered one): an accelerator's rules with the CPU's links and the TPU's compute.
-_UNKNOWN = PlatformRules("", CPU_LINKS)
+_UNKNOWN = PlatformRules("", (), CPU_LINKS)
 
 
 def rules_for(platform: str | None) -> PlatformRules:
   return PLATFORMS.get(platform or "", _UNKNOWN)
+
+
+def named_by_jax(jax_platform: str | None) -> str | None:
+  """The registered platform JAX calls `jax_platform` ("cuda" -> "gpu"), or None."""
+  for rules in PLATFORMS.values():
+    if jax_platform in rules.jax_platforms:
+      return rules.name
+  return None

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from equarx_pass.site_records import SiteRecord
 from equarx_pass.site_kind import SiteKind
+from equarx_pass.site_records import SiteRecord
 
 
 def _shape(shapes) -> str:
@@ -85,7 +85,7 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
         if b is not None and a is not None
         else ("-",) * 4
       )
-      cells += (f"{r.speedup:.2f}x" if r.speedup is not None and r.route != "identity" else "-",)
+      cells += (f"{r.speedup:.2f}x" if r.speedup is not None else "-",)
     else:
       ratio = _ratio(r.bytes_before, r.bytes_after) if r.rewritten else "-"
       cells = (fmt_bytes(_runs(r) * r.bytes_before), fmt_bytes(_runs(r) * r.bytes_after), ratio)

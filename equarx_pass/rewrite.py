@@ -21,14 +21,13 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass.ir import traverse
-from equarx_pass.planning import loops, match, plan
-from equarx_pass.ir import outline
-from equarx_pass.emission import quantize_kernel
 from equarx_pass import site_patterns, site_records
 from equarx_pass import topology as topology_lib
+from equarx_pass.emission import quantize_kernel
 from equarx_pass.errors import FlagError, InternalError, VerifyError
+from equarx_pass.ir import outline, traverse
 from equarx_pass.ir.hlo_builder import ChannelAllocator
+from equarx_pass.planning import loops, match, plan
 from equarx_pass.planning.policy import Policy
 from equarx_pass.site_records import SiteRecord
 
@@ -76,11 +75,12 @@ def rewrite_module(
   outline_into = out if policy.outlines(platform) else None
   target = policy.target_platform(platform)
   policy, flat_why = policy.replace(platform=target).resolved()
+  selection = policy.selection
   facts = match.module_facts(out)
   topology = _topology(facts, policy, target, devices)
   ops = match.find_sites(out, policy.ops)
   decisions = [
-    plan.decide(match.match(op, i, facts, policy), policy, topology) for i, op in enumerate(ops)
+    plan.decide(match.match(op, i, facts, selection), policy, topology) for i, op in enumerate(ops)
   ]
   decisions = plan.calibrated_routes(decisions, policy, topology)
   runs_of = loops.runs_in(out)
@@ -90,7 +90,7 @@ def rewrite_module(
   if candidates:
     kernels, no_kernel = _quantize_kernels(out, policy, platform, target, flat_why)
     ctx = site_patterns.RewriteContext(
-      policy,
+      policy.emission,
       ChannelAllocator(traverse.max_channel_handle(out)),
       topology,
       target,
@@ -129,17 +129,17 @@ def _topology(
   facts: match.ModuleFacts, policy: Policy, platform: str, devices: Sequence[Any] | None
 ) -> topology_lib.Topology:
   """The module's topology by the one rule (topology.derive), from the policy's flags."""
+  links = policy.links
   try:
     return topology_lib.derive(
       facts.num_partitions * facts.num_replicas,
       platform,
       devices,
-      policy.domain_devices,
-      policy.domains,
-      # A named topology is one slice.
-      policy.compile_for.startswith("tpu:"),
-      policy.fast_link_bandwidth,
-      policy.slow_link_bandwidth,
+      links.domain_devices,
+      links.domains,
+      links.one_slice,
+      links.fast_link_bandwidth,
+      links.slow_link_bandwidth,
     )
   except ValueError as e:
     raise FlagError(f"--equarx_domains: {e}") from None

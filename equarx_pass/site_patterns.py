@@ -22,14 +22,14 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass.emission import hierarchical
-from equarx_pass.planning import match, plan
 from equarx_pass.emission.all_gather import emit_all_gather
-from equarx_pass.emission.outlier_emit import emit_calibrated_allreduce
 from equarx_pass.emission.forms import Pieces, SitePlan
-from equarx_pass.ir.hlo_builder import ChannelAllocator, Emitter
-from equarx_pass.platforms import rules_for
-from equarx_pass.planning.policy import Policy
+from equarx_pass.emission.outlier_emit import emit_calibrated_allreduce
 from equarx_pass.emission.quantize_kernel import QuantizeKernels
+from equarx_pass.ir.hlo_builder import ChannelAllocator, Emitter
+from equarx_pass.planning import match, plan
+from equarx_pass.planning.settings import EmissionSettings
+from equarx_pass.platforms import rules_for
 from equarx_pass.site_kind import SiteKind
 from equarx_pass.topology import Topology
 
@@ -42,11 +42,11 @@ _EXCLUDE = "rerun without --equarx_enable or exclude it with --equarx_max_bytes/
 class RewriteContext:
   """What every pattern may use, the same for all sites of one module."""
 
-  policy: Policy
+  emission: EmissionSettings
   channels: ChannelAllocator
   topology: Topology
   target: str  # the platform compiled for: "cpu", "gpu", "tpu"
-  tiled_form: bool  # False: the flat form (the policy says why)
+  tiled_form: bool  # False: the flat form (the report says why)
   # The kernel form's kernels (--equarx_form=kernel); in the context of one site
   # (for_site), a view whose notes are that site's.
   kernels: QuantizeKernels | None = None
@@ -61,7 +61,7 @@ class RewriteContext:
     site = cand.site
     assert isinstance(cand.route, (plan.FlatRoute, plan.HierarchicalRoute))
     scheme = cand.route.scheme
-    unrolled = site.nbytes >= self.policy.unroll_min_bytes
+    unrolled = site.nbytes >= self.emission.unroll_min_bytes
     rules = rules_for(self.target)
     return SitePlan(
       layout,

@@ -13,10 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal, Mapping, Sequence
 
-from equarx_pass.planning import cost, match, plan
 from equarx_pass.emission import forms
+from equarx_pass.planning import cost, match, plan
+from equarx_pass.planning.policy import Policy
+from equarx_pass.planning.settings import DTYPE_BYTES
 from equarx_pass.platforms import rules_for
-from equarx_pass.planning.policy import DTYPE_BYTES, Policy
 from equarx_pass.site_kind import SiteKind
 
 # What happened to an all-reduce.
@@ -45,8 +46,9 @@ class SiteRecord:
   kind: SiteKind = SiteKind.ALL_REDUCE  # what it is rewritten as
   found_as: SiteKind = SiteKind.ALL_REDUCE  # the op in the program (an all-reduce may be sliced)
   # Per link class (topology.py), bytes one device sends natively and rewritten, and the
-  # cost model's speed-up (cost.py); None where no route was planned, or where the rewrite
-  # sends more bytes than the native collective (plan.decide).
+  # cost model's speed-up (cost.py); None where no route was planned, where the rewrite
+  # sends more bytes than the native collective (plan.decide), or where the route has no
+  # speed-up of its own (the identity route: plan.Route.priced).
   traffic_before: cost.Traffic | None = None
   traffic_after: cost.Traffic | None = None
   speedup: float | None = None
@@ -175,7 +177,7 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     SiteKind.ALL_REDUCE if sliced else site.kind,
     route.native if route else None,
     (route.rewritten if verdict == "rewritten" else route.native) if route else None,
-    prediction.speedup if prediction else None,
+    prediction.speedup if prediction and route and route.priced else None,
     route.name if route else "",
   )
 

@@ -75,9 +75,11 @@ class Result:
 
 def base_inputs() -> list[tuple[str, bytes]]:
   """Every fixture as it is, and each MLIR fixture as bytecode and as a portable artifact."""
-  from equarx_pass.ir import parse
   import io
+
   from jax.extend import mlir as jax_mlir
+
+  from equarx_pass.ir import parse
 
   out = []
   for name in sorted(os.listdir(FIXTURES)):
@@ -257,9 +259,9 @@ def random_flags(rng: random.Random) -> str:
 
 def check_rewrite(data: bytes, path: str, result, policy) -> str | None:
   """Why a successful transform of `data` emitted an invalid module, or None."""
-  from equarx_pass.ir import parse
-  from equarx_pass.frontends import transform
   from equarx_pass.errors import EquarxError
+  from equarx_pass.frontends import transform
+  from equarx_pass.ir import parse
   from equarx_pass.planning.match import find_all_reduces
 
   try:
@@ -288,8 +290,8 @@ def check_rewrite(data: bytes, path: str, result, policy) -> str | None:
 
 def run_one(case_path: str) -> dict:
   """Transform one saved case; classify what happened."""
-  from equarx_pass.frontends import transform
   from equarx_pass.errors import CompileError, EquarxError, ParseError, RewriteError, VerifyError
+  from equarx_pass.frontends import transform
   from equarx_pass.planning.policy import Policy
 
   with open(case_path + ".json") as f:

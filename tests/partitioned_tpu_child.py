@@ -20,10 +20,10 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import equarx_pass  # noqa: E402
 from equarx_pass import _jax_private
-from equarx_pass.ir import hlo_text
-from equarx_pass.frontends import partitioned  # noqa: E402
 from equarx_pass.examples import fsdp_step  # noqa: E402
+from equarx_pass.frontends import partitioned  # noqa: E402
 from equarx_pass.frontends.tpu_aot import cross_slice_bytes  # noqa: E402
+from equarx_pass.ir import hlo_text
 
 
 def weight_gradient(mesh):

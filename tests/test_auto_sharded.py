@@ -16,9 +16,9 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass.frontends import partitioned
 from equarx_pass.emission import scheme as scheme_lib
 from equarx_pass.examples import auto_sharded as ex
+from equarx_pass.frontends import partitioned
 from equarx_pass.planning.policy import Policy
 
 MESH = ex.tp_mesh()

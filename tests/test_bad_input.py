@@ -20,8 +20,8 @@ from jax.extend.mlir import ir
 
 import equarx_pass
 from equarx_pass import _jax_private
-from equarx_pass.ir import parse
 from equarx_pass.errors import EquarxError, ParseError
+from equarx_pass.ir import parse
 from equarx_pass.planning.policy import Policy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

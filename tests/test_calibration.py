@@ -13,15 +13,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+from meshes import psum_program
 
 import equarx_pass
-from equarx_pass.ir import wire_bytes
 from equarx_pass.emission import outlier
-from equarx_pass.planning import calibration
 from equarx_pass.errors import ParseError
+from equarx_pass.ir import wire_bytes
+from equarx_pass.planning import calibration
 from equarx_pass.planning.policy import Policy
-from meshes import psum_program
 
 ON = "--equarx_enable --equarx_min_bytes=0"
 

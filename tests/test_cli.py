@@ -7,7 +7,8 @@ import sys
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh, PartitionSpec as P
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
 
 import equarx_pass
 from equarx_pass.report import fmt_bytes

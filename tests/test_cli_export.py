@@ -17,15 +17,15 @@ import sys
 
 import jax
 import numpy as np
+import programs
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from run_module import run_per_device
 
 import equarx_pass
-import programs
 from equarx_pass import _jax_private
 from equarx_pass.ir import parse
-from run_module import run_per_device
 
 ENV = dict(os.environ, JAX_PLATFORMS="cpu", TF_CPP_MIN_LOG_LEVEL="3")
 ENV.pop("EQUARX_FLAGS", None)

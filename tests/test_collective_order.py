@@ -24,11 +24,11 @@ import sys
 
 import jax
 import numpy as np
+import programs
 import pytest
+from programs import QUANTIZED
 
 import equarx_pass
-import programs
-from programs import QUANTIZED
 
 ORDER_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "order_program.py")
 # A collective that waits this long aborts the child (XLA:CPU's defaults: 40 s).

@@ -3,10 +3,10 @@ rewrite's, and the prediction (cost.py)."""
 
 import pytest
 
-from equarx_pass.planning import cost
 from equarx_pass import platforms
-from equarx_pass.traffic import Declaration
 from equarx_pass import topology as topology_lib
+from equarx_pass.planning import cost
+from equarx_pass.traffic import Declaration
 
 
 def _topology(platform: str, per_domain: int, devices: int = 8) -> topology_lib.Topology:

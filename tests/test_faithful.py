@@ -20,15 +20,15 @@ quantization error of jax.jit, including the constant-table case (NumPy constant
 
 import jax
 import numpy as np
+import programs
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from programs import IDENTITY, QUANTIZED, assert_same, relative_error, run_pair
 
 import equarx_pass
-import programs
-from programs import IDENTITY, QUANTIZED, assert_same, relative_error, run_pair
 
 CORPUS = programs.corpus()
 BY_NAME = {p.name: p for p in CORPUS}

@@ -39,6 +39,7 @@ import json
 import os
 import re
 
+import cut_foreign_modules as cut
 import jax
 import ml_dtypes
 import numpy as np
@@ -46,12 +47,11 @@ import pytest
 from jax.extend import backend as jax_backend
 from jax.extend.mlir import ir
 
-import cut_foreign_modules as cut
-from equarx_pass.ir import traverse
 from equarx_pass import _jax_private, rewrite
-from equarx_pass.planning import match, policy as policy_lib
-from equarx_pass.ir import parse
 from equarx_pass.errors import EquarxError, ParseError, VerifyError
+from equarx_pass.ir import parse, traverse
+from equarx_pass.planning import match
+from equarx_pass.planning import policy as policy_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

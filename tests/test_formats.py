@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from equarx_pass.ir import traverse
 from equarx_pass.emission import quantize as qz
 from equarx_pass.emission.formats import FORMATS, MXINT8
 from equarx_pass.emission.formats.integer import uniform_draws
+from equarx_pass.ir import traverse
 
 NAMES = sorted(FORMATS)
 
@@ -81,8 +81,8 @@ def _emitted_equals_numpy(fmt):
   from jax.extend.mlir import ir
 
   from equarx_pass import _jax_private
-  from equarx_pass.ir.hlo_builder import Emitter
   from equarx_pass.emission.quantize_emit import TileCodec
+  from equarx_pass.ir.hlo_builder import Emitter
 
   b = _block(fmt, 128)
   x = _draw(np.random.default_rng(3), fmt, blocks=32, default=b).reshape(32, b)

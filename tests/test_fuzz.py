@@ -15,8 +15,8 @@ import sys
 import fuzz
 import pytest
 
-from equarx_pass.ir import parse
 from equarx_pass.frontends import transform
+from equarx_pass.ir import parse
 from equarx_pass.planning.policy import Policy
 
 TOOL = fuzz.__file__

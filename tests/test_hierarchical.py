@@ -15,8 +15,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass.emission import hierarchical
 from equarx_pass import topology
+from equarx_pass.emission import hierarchical
 from equarx_pass.emission import scheme as scheme_lib
 from equarx_pass.planning.policy import Policy
 

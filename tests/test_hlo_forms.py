@@ -6,13 +6,12 @@ faithfully (checked by running it) or skipped with a reason, and counted once.""
 import ml_dtypes
 import numpy as np
 import pytest
+from run_module import run_per_device
 
-from equarx_pass.ir import traverse
+from equarx_pass.ir import parse, traverse
 from equarx_pass.planning import match
-from equarx_pass.ir import parse
 from equarx_pass.planning.policy import Policy
 from equarx_pass.rewrite import rewrite_module
-from run_module import run_per_device
 
 POLICY = Policy(enable=True, min_bytes=0)
 DEVICES = 4

@@ -5,8 +5,8 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from equarx_pass.ir import hlo_text
 from equarx_pass.frontends import tpu_aot
+from equarx_pass.ir import hlo_text
 
 
 def compiled_text(trips: int) -> str:

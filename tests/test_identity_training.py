@@ -37,16 +37,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import programs
 import pytest
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from programs import IDENTITY, assert_same
 
 import equarx_pass
-import programs
-from equarx_pass.ir import traverse
-from equarx_pass.frontends import partitioned
 from equarx_pass import site_patterns
-from programs import IDENTITY, assert_same
+from equarx_pass.frontends import partitioned
+from equarx_pass.ir import traverse
 
 ALL_OPS = "--equarx_ops=all_reduce,reduce_scatter,all_gather"
 EMB, HEADS, FFN, VOCAB, BATCH, LENGTH = 32, 8, 64, 64, 16, 8

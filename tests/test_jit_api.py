@@ -10,8 +10,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass.planning import policy as policy_lib
 from equarx_pass.emission.algorithms import ring
+from equarx_pass.planning import policy as policy_lib
 
 MESH = Mesh(np.array(jax.devices()).reshape(8), ("x",))
 SHARDED = NamedSharding(MESH, P("x"))

@@ -17,8 +17,8 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass.frontends import partitioned
 from equarx_pass.examples import auto_sharded as ex
+from equarx_pass.frontends import partitioned
 
 ON = "--equarx_enable --equarx_min_bytes=0"
 

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from meshes import psum_program
 
 import equarx_pass
 from equarx_pass.emission import quantize as qz
 from equarx_pass.emission import quantize_kernel
 from equarx_pass.emission import scheme as scheme_lib
 from equarx_pass.errors import FlagError
-from meshes import psum_program
 
 TPU_FORM = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_platform=tpu "
 SCHEMES = ["", "--equarx_rotation=none --equarx_block_size=128"]

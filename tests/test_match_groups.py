@@ -5,8 +5,8 @@ import pytest
 from jax.extend.mlir import ir
 
 import equarx_pass
-from equarx_pass.ir import traverse
 from equarx_pass import _jax_private
+from equarx_pass.ir import traverse
 from equarx_pass.planning import match
 
 MODULE = """module attributes {mhlo.num_partitions = 8 : i32, mhlo.num_replicas = 1 : i32} {

@@ -5,9 +5,8 @@ import pytest
 from jax.extend import mlir as jax_mlir
 from jax.extend.mlir import ir
 
-from equarx_pass.ir import traverse
 from equarx_pass import _jax_private
-from equarx_pass.ir import mhlo_legalize
+from equarx_pass.ir import mhlo_legalize, traverse
 
 TUPLE_ALL_TO_ALL = """HloModule m, num_partitions=4
 ENTRY e {

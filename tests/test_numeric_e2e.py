@@ -16,18 +16,18 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from bitwise import assert_same_bits, bits
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from meshes import ring_groups
 
 import equarx_pass
 from equarx_pass import _jax_private
-from equarx_pass.ir import parse
 from equarx_pass.emission.algorithms import ring
+from equarx_pass.ir import parse
 from equarx_pass.planning.policy import Policy
-from bitwise import assert_same_bits, bits
-from meshes import ring_groups
 
 # These tests pin the int8 ring against ring.reference_allreduce; the default
 # scheme (two-shot + Hadamard) and the others are in test_schemes_e2e.py.

@@ -23,17 +23,17 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
+from bitwise import assert_same_bits
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from meshes import ring_groups
 
 import equarx_pass
-from equarx_pass.planning import policy as policy_lib
 from equarx_pass.emission import rotation
 from equarx_pass.emission import scheme as scheme_lib
-from bitwise import assert_same_bits
-from meshes import ring_groups
+from equarx_pass.planning import policy as policy_lib
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 F16, F32 = np.dtype(np.float16), np.dtype(np.float32)

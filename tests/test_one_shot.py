@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh
+from meshes import psum_program
 
 import equarx_pass
 from equarx_pass.emission import scheme as scheme_lib
 from equarx_pass.emission.algorithms import ALGORITHMS
-from meshes import psum_program
 
 ACROSS = "--equarx_enable --equarx_platform=tpu --equarx_domain_devices=4 --equarx_rotation=none "
 

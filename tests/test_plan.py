@@ -6,11 +6,11 @@ from typing import Sequence
 
 import pytest
 
-from equarx_pass.emission import algorithms, hierarchical
-from equarx_pass.planning import cost, plan
 from equarx_pass import topology as topology_lib
+from equarx_pass.emission import algorithms, hierarchical
 from equarx_pass.emission.algorithms.base import Algorithm
 from equarx_pass.ir.layout import ChunkLayout, make_schedule
+from equarx_pass.planning import cost, plan
 from equarx_pass.planning.match import Candidate, Operand, Site, Skip
 from equarx_pass.planning.policy import Policy
 from equarx_pass.site_kind import SiteKind

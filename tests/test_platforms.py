@@ -7,14 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from equarx_pass.planning import cost, plan
 from equarx_pass import platforms, site_patterns
 from equarx_pass import topology as topology_lib
 from equarx_pass.ir.hlo_builder import ChannelAllocator
 from equarx_pass.ir.layout import make_schedule
+from equarx_pass.planning import cost, plan
 from equarx_pass.planning.match import Candidate, Operand, Site
-from equarx_pass.platforms import LinkClass, PlatformRules
 from equarx_pass.planning.policy import Policy
+from equarx_pass.platforms import LinkClass, PlatformRules
 
 TOY_LINKS = (LinkClass("toy_fast", 10.0, 1e-6), LinkClass("toy_slow", 1.0, 1e-4))
 
@@ -72,7 +72,7 @@ def test_the_policy_and_the_site_plan_follow_a_registered_platform(toy):
     cand, route=plan.FlatRoute(no_traffic, no_traffic, 0, scheme=policy.scheme)
   )
   topology = topology_lib.from_size(8, "toy")
-  ctx = site_patterns.RewriteContext(policy, ChannelAllocator(0), topology, "toy", True)
+  ctx = site_patterns.RewriteContext(policy.emission, ChannelAllocator(0), topology, "toy", True)
   site_plan = ctx.site_plan(cand, layout, cand.schedule)
   assert not site_plan.matmul_rotation and site_plan.tile_order
   assert not site_plan.collectives_in_loops and site_plan.nan_in_combiner

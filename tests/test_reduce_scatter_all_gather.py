@@ -12,7 +12,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import equarx_pass
 from equarx_pass.emission import scheme as scheme_lib
@@ -250,9 +251,10 @@ def test_an_all_reduce_and_its_slice_become_a_reduce_scatter_only_when_exact(tab
   reduce-scatter gives each device the piece its table entry names, as the model does.
   (Modules that keep their own partition_id cannot run outside a JAX program: XLA's SPMD
   pass refuses them, so only the converted one runs here.)"""
+  from run_module import run_per_device
+
   from equarx_pass.ir import parse
   from equarx_pass.rewrite import rewrite_module
-  from run_module import run_per_device
 
   module = parse.parse_bytes(SLICED.replace("TABLE", table), "sliced").module
   policy = equarx_pass.Policy.from_flags(ON)

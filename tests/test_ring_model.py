@@ -19,10 +19,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from equarx_pass.emission import formats
-from equarx_pass.ir import layout as layout_lib
 from equarx_pass.emission import quantize as qz
 from equarx_pass.emission.algorithms import ring
 from equarx_pass.emission.formats.base import inverse
+from equarx_pass.ir import layout as layout_lib
 
 F32_MAX = float(np.finfo(np.float32).max)
 finite_f32 = st.floats(width=32, allow_nan=False, allow_infinity=False)

@@ -5,8 +5,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from equarx_pass.planning import plan
 from equarx_pass import site_patterns
+from equarx_pass.planning import plan
 from equarx_pass.site_kind import SiteKind
 
 ROUTES = (plan.IdentityRoute, plan.CalibratedRoute, plan.HierarchicalRoute, plan.FlatRoute)

@@ -9,22 +9,21 @@ across every fixture.
 
 import collections
 import dataclasses
-import re
 import glob
 import os
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
-
-import equarx_pass
-from equarx_pass.ir import traverse
-from equarx_pass.planning import match
-from equarx_pass.ir import outline
-from equarx_pass import report
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo
+
+import equarx_pass
+from equarx_pass import report
+from equarx_pass.ir import outline, traverse
+from equarx_pass.planning import match
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FIXTURES = os.path.join(os.path.dirname(HERE), "hlo_fixtures")
@@ -105,7 +104,8 @@ def test_every_fixture_has_a_check_file():
 def test_every_scheme_option_has_a_check_file():
   # Each algorithm, wire format, rotation and block layout, and microshards, is selected
   # by some check file's RUN line, so the structure it emits is pinned down.
-  from equarx_pass.emission import rotation, scheme as scheme_lib
+  from equarx_pass.emission import rotation
+  from equarx_pass.emission import scheme as scheme_lib
   from equarx_pass.emission.algorithms import ALGORITHMS
   from equarx_pass.emission.formats import FORMATS
 

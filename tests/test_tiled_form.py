@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from jax.extend.mlir import ir
 from jax.sharding import Mesh
+from meshes import psum_program
 
 import equarx_pass
-from equarx_pass.ir import traverse
 from equarx_pass import _jax_private
 from equarx_pass.emission import scheme as scheme_lib
+from equarx_pass.ir import traverse
 from equarx_pass.planning.policy import Policy
-from meshes import psum_program
 
 TILED = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_platform=tpu "
 EXACT = [

@@ -11,8 +11,8 @@ import os
 import pytest
 
 import equarx_pass
-from equarx_pass.frontends.tpu_aot import compile_for_target
 from equarx_pass.errors import CompileError
+from equarx_pass.frontends.tpu_aot import compile_for_target
 
 FIXTURES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "hlo_fixtures")
 

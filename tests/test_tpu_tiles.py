@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax.sharding import Mesh
+from meshes import psum_program
 
 import equarx_pass
 from equarx_pass.emission import scheme as scheme_lib
-from meshes import psum_program
 
 TPU = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_platform=tpu "
 SCHEMES = ["", "--equarx_rotation=none --equarx_block_size=128"]

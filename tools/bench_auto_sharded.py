@@ -28,10 +28,10 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import benchlib  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import benchlib  # noqa: E402
 import equarx_pass  # noqa: E402
 from equarx_pass.examples import auto_sharded as ex  # noqa: E402
 

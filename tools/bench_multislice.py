@@ -77,12 +77,12 @@ def measure(
   topology: str, slices: int, axes: tuple[str, ...], dtype: str, size: int, variants=VARIANTS
 ) -> list:
   import jax
+  from int8_reference import hierarchical_int8
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
   import equarx_pass
   from equarx_pass.frontends.tpu_aot import cross_slice_bytes
-  from int8_reference import hierarchical_int8
 
   mesh, per_slice = hybrid_mesh(topology, slices)
   chips = slices * per_slice

@@ -40,12 +40,14 @@ def main(argv=None) -> int:
     os.environ.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
   )
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
-  import numpy as np
   import jax
   import jax.numpy as jnp
-  from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-  import equarx_pass
+  import numpy as np
   from bf16_ring import bf16_ring_allreduce
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  import equarx_pass
 
   values = benchlib.parse_size(args.values)
   count = benchlib.fmt_bytes(values).replace("B", "")  # "16 Mi", as bench_gpu_step prints it

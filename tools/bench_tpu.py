@@ -84,7 +84,8 @@ def collectives_alone(jax, n: int, values: int, algorithm: str):
   all_to_all and an all_gather of their own.  ring: a chip's share through N - 1
   collective-permutes one after the other, twice (reduce-scatter, all-gather)."""
   import numpy as np
-  from jax.sharding import Mesh, PartitionSpec as P
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
 
   rows = values // 128
   if values % 128 or rows % (8 * n):
@@ -222,8 +223,8 @@ def main() -> int:
   import numpy as np
 
   import equarx_pass
-  from equarx_pass.ir import wire_bytes
   from equarx_pass.frontends import tpu_aot
+  from equarx_pass.ir import wire_bytes
 
   jax.config.update("jax_num_cpu_devices", max(chips.values()))
   schemes = args.scheme or [

@@ -34,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import benchlib  # noqa: E402
+
 from equarx_pass.frontends.tpu_aot import estimated_cycles  # noqa: E402
 
 # The TPU clock the estimated cycles are converted at (v5e: 1.5 GHz).

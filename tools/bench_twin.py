@@ -39,8 +39,8 @@ def twin_module(module, n: int):
   from jax.extend.mlir.dialects import func
   from jax.extend.mlir.dialects import stablehlo as hlo
 
-  from equarx_pass.ir import traverse
   from equarx_pass import rewrite
+  from equarx_pass.ir import traverse
 
   twin = rewrite.copy_module(module)
   with twin.context, ir.Location.unknown():
@@ -112,11 +112,11 @@ def main(argv=None) -> int:
   import jax
 
   jax.config.update("jax_num_cpu_devices", args.group)
+  import bf16_ring
   import jax.numpy as jnp
   import numpy as np
   from jax.extend import backend as jax_backend
 
-  import bf16_ring
   import equarx_pass
   from equarx_pass import _jax_private
 

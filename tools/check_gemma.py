@@ -42,9 +42,8 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
-
 import benchlib  # noqa: E402
+import numpy as np  # noqa: E402
 from flax_examples import flax_commit, install_stand_ins  # noqa: E402
 
 STAND_INS = (
@@ -107,11 +106,12 @@ def main() -> int:
   parser.add_argument("--out", default=os.path.join(benchlib.RESULTS, "gemma_check.json"))
   args = parser.parse_args()
 
+  from functools import partial
+
   import jax
   import jax.numpy as jnp
   import optax
   from flax import nnx
-  from functools import partial
 
   import equarx_pass
 

@@ -55,9 +55,8 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
-
 import benchlib  # noqa: E402
+import numpy as np  # noqa: E402
 from flax_examples import as64, flax_commit, install_stand_ins, padded_tokens  # noqa: E402
 
 DEFAULT_FLAGS = "--equarx_enable --equarx_min_bytes=0"
@@ -485,13 +484,15 @@ def main(argv=None):
     parser.error("--lm1b-dir is required (flax's examples/lm1b; see the docstring)")
 
   global jax, jnp, nn, optax, equarx_pass, AxisType, NamedSharding, P
+  import flax
   import jax
   import jax.numpy as jnp
   import optax
   from flax import linen as nn
-  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+  from jax.sharding import AxisType, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
   import equarx_pass
-  import flax
 
   start = time.perf_counter()
   commit = opts.flax_commit or flax_commit(opts.lm1b_dir)

@@ -119,8 +119,8 @@ def aot_args(topology: str, slices: int) -> list[str]:
 def dcn_bytes_per_step(text: str, slices: int) -> tuple[float, float, dict]:
   """(bytes per chip one run sends between slices, the part of them that is s8 codes,
   {computation: [runs, bytes per run]} for the computations that send any)."""
-  from equarx_pass.ir.hlo_text import executions, split_computations
   from equarx_pass.frontends.tpu_aot import cross_slice_bytes
+  from equarx_pass.ir.hlo_text import executions, split_computations
 
   comps, _ = split_computations(text)
   runs = executions(text)
@@ -141,9 +141,8 @@ def dcn_bytes_per_step(text: str, slices: int) -> tuple[float, float, dict]:
 def aot_child(out_path: str, maxtext_args: list[str]) -> int:
   """Run MaxText's train_compile.main on `maxtext_args`, timing its jit_and_compile and
   writing what the compiled program sends and holds to `out_path` (JSON)."""
-  from maxtext.trainers.pre_train import train_compile
-
   import numpy as np
+  from maxtext.trainers.pre_train import train_compile
 
   from equarx_pass.frontends.tpu_aot import count_collectives, cross_slice_bytes, estimated_cycles
 

@@ -64,9 +64,8 @@ os.environ["XLA_FLAGS"] = (
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402
-
 import benchlib  # noqa: E402
+import numpy as np  # noqa: E402
 from flax_examples import as64, flax_commit, install_stand_ins, padded_tokens  # noqa: E402
 
 DEFAULT_FLAGS = "--equarx_enable --equarx_min_bytes=0"
@@ -495,7 +494,8 @@ def main(argv=None):
   import jax.numpy as jnp
   import optax
   from flax import linen as nn
-  from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+  from jax.sharding import AxisType, NamedSharding
+  from jax.sharding import PartitionSpec as P
 
   import equarx_pass
 

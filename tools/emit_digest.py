@@ -76,7 +76,8 @@ def calibrated_digests() -> dict[str, str]:
   """The calibrated scheme's emission, on a psum over 8 devices calibrated here."""
   import jax
   import numpy as np
-  from jax.sharding import Mesh, PartitionSpec as P
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
 
   import equarx_pass
 

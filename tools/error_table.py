@@ -36,9 +36,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
+
 from equarx_pass.emission import outlier
-from equarx_pass.planning import calibration  # noqa: E402
 from equarx_pass.emission import scheme as scheme_lib  # noqa: E402
+from equarx_pass.planning import calibration  # noqa: E402
 from equarx_pass.planning.policy import Policy  # noqa: E402
 
 # Every entry names its algorithm and rotation: the policy's defaults are not assumed.

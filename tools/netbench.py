@@ -73,12 +73,12 @@ def worker(cfg: dict) -> None:
   import jax
   import jax.numpy as jnp
   import numpy as np
+  from bf16_ring import bf16_ring_allreduce
+  from int8_reference import hierarchical_int8
   from jax.sharding import Mesh, NamedSharding
   from jax.sharding import PartitionSpec as P
 
   import equarx_pass
-  from bf16_ring import bf16_ring_allreduce
-  from int8_reference import hierarchical_int8
 
   rank, hosts, per_host = cfg["rank"], cfg["procs"], cfg.get("devices_per_host", 1)
   jax.config.update("jax_num_cpu_devices", per_host)

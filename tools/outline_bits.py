@@ -43,7 +43,8 @@ def main(argv=None) -> int:
 
   import jax
   import jax.numpy as jnp
-  from jax.sharding import Mesh, PartitionSpec as P
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
 
   import equarx_pass
   from equarx_pass.emission import scheme as scheme_lib

@@ -44,7 +44,8 @@ def main(argv=None) -> int:
 
   jax.config.update("jax_num_cpu_devices", args.devices)
   import numpy as np
-  from jax.sharding import Mesh, PartitionSpec as P
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
 
   import equarx_pass
 

@@ -39,7 +39,8 @@ def main(argv=None) -> int:
   import jax
 
   jax.config.update("jax_num_cpu_devices", 8)
-  from jax.sharding import Mesh, PartitionSpec as P
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
 
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   import equarx_pass

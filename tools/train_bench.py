@@ -85,9 +85,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # The corpus is a data generator: tools/data/, apart from the benchmarks.
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "data"))
 
-import numpy as np  # noqa: E402
-
 import benchlib  # noqa: E402
+import numpy as np  # noqa: E402
 import text_corpus  # noqa: E402
 
 NONE = "none"  # plain jax.jit

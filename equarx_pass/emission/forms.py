@@ -30,6 +30,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass.emission import quantize_kernel, rotation, rotation_emit
+from equarx_pass.emission.quantize_emit import FlatCodec, TileCodec
 from equarx_pass.ir.hlo_builder import (
   ChannelAllocator,
   Collectives,
@@ -41,7 +42,6 @@ from equarx_pass.ir.hlo_builder import (
   while_loop,
 )
 from equarx_pass.ir.layout import ChunkLayout, DeviceKind, GroupSchedule
-from equarx_pass.emission.quantize_emit import FlatCodec, TileCodec
 
 if TYPE_CHECKING:
   from equarx_pass.emission.quantize_kernel import QuantizeKernels

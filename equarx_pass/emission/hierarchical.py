@@ -23,8 +23,16 @@ import numpy as np
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass.ir.hlo_builder import DEVICE_TO_DEVICE, ChannelAllocator, Emitter, narrow_float
-from equarx_pass.ir.hlo_builder import back_order, front_order, shape_of, tensor
+from equarx_pass.ir.hlo_builder import (
+  DEVICE_TO_DEVICE,
+  ChannelAllocator,
+  Emitter,
+  back_order,
+  front_order,
+  narrow_float,
+  shape_of,
+  tensor,
+)
 from equarx_pass.ir.layout import DeviceKind
 from equarx_pass.topology import Levels, split_groups  # noqa: F401  (re-exported)
 

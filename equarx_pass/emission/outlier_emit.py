@@ -15,6 +15,7 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
 
 from equarx_pass.emission import outlier
+from equarx_pass.emission.quantize_emit import pack_int4, unpack_int4
 from equarx_pass.ir.hlo_builder import (
   ChannelAllocator,
   Collectives,
@@ -24,7 +25,6 @@ from equarx_pass.ir.hlo_builder import (
   while_loop,
 )
 from equarx_pass.ir.layout import DeviceKind, GroupSchedule
-from equarx_pass.emission.quantize_emit import pack_int4, unpack_int4
 
 
 @dataclasses.dataclass(frozen=True)

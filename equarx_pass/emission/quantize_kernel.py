@@ -41,6 +41,7 @@ from jax.extend.mlir.dialects import func
 from equarx_pass import _jax_private
 from equarx_pass.ir.hlo_builder import Emitter, shape_of
 from equarx_pass.ir.outline import fresh_symbol
+from equarx_pass.platforms import named_by_jax, rules_for
 
 ROWS, LANES = 8, 128  # one (8, 128) tile: eight blocks of one row
 TILES_PER_STEP_TPU = 256  # a TPU grid step's tiles of int8 codes: 256 KiB
@@ -65,15 +66,12 @@ def target_for(compile_platform: str | None, form_platform: str) -> Target | str
   compile_platform: the JAX platform the program is compiled for (None: not known, as
   for a file, where the form's platform says); form_platform: the platform whose forms
   are emitted ("cpu", "tpu", "gpu")."""
-  if form_platform == "cpu":
-    return "the cpu form's rotation is the model's butterflies"
+  if not rules_for(form_platform).matmul_rotation:
+    return f"the {form_platform} form's rotation is the model's butterflies"
   platform = compile_platform or form_platform
-  if platform == "cpu":
-    return "interpret"
-  if platform == "tpu" and form_platform == "tpu":
-    return "tpu"
-  if platform in ("gpu", "cuda") and form_platform == "gpu":
-    return "cuda"
+  rules = rules_for(named_by_jax(platform) or platform)
+  if rules.kernel_target and (not rules.kernel_needs_own_forms or rules.name == form_platform):
+    return rules.kernel_target
   return f"no kernel for {platform} with the {form_platform} form"
 
 
@@ -289,7 +287,6 @@ def quantize_module(
   are an operand too, never read: it orders the parts (dequantize_module)."""
   import jax
   import jax.numpy as jnp
-
   from jax.experimental import pallas as pl
 
   element = _DTYPES[dtype]

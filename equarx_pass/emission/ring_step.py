@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from equarx_pass.ir import traverse
 from equarx_pass.emission import quantize as qz
 from equarx_pass.emission.formats import Format
+from equarx_pass.ir import traverse
 
 
 def step_program(values: int, block: int, fmt: Format) -> tuple[Any, int]:

@@ -63,14 +63,15 @@ import json
 import pathlib
 import shlex
 import sys
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from typing import Any
 from equarx_pass.planning.policy import FLAGS, Policy
 
 DEFAULT_CORPUS = pathlib.Path(__file__).with_name("minilm_corpus.txt")

@@ -30,14 +30,13 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func, sdy
 from jax.extend.mlir.dialects import stablehlo as hlo
 
-from equarx_pass.ir import traverse
 from equarx_pass import _jax_private
-from equarx_pass.planning import match
-from equarx_pass.frontends import transform
 from equarx_pass.emission import outlier
-from equarx_pass.planning import calibration
 from equarx_pass.emission.outlier_emit import emit_feature_stats
 from equarx_pass.errors import FlagError
+from equarx_pass.frontends import transform
+from equarx_pass.ir import traverse
+from equarx_pass.planning import calibration, match
 from equarx_pass.planning.policy import Policy
 
 STATS_ROWS = 4  # in absmax, out absmax, in mean square, out mean square
@@ -151,8 +150,9 @@ def observation_module(module: ir.Module, policy: Policy):
   unobserved = []
   with out.context, ir.Location.unknown():
     ops = match.find_all_reduces(out)
+    selection = policy.selection
     for index, op in enumerate(ops):
-      decision = match.match(op, index, facts, policy)
+      decision = match.match(op, index, facts, selection)
       if not isinstance(decision, match.Candidate):
         continue
       where = _observability(op, main, facts) if main is not None else "no main function"

@@ -29,11 +29,10 @@ import textwrap
 
 from absl import app, flags
 
-from equarx_pass.frontends import exported
-from equarx_pass.planning import policy as policy_lib
 from equarx_pass import report
-from equarx_pass.frontends import transform
 from equarx_pass.errors import EquarxError
+from equarx_pass.frontends import exported, transform
+from equarx_pass.planning import policy as policy_lib
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("output", None, "output file; '-' or unset: stdout", short_name="o")

@@ -31,10 +31,10 @@ from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo
 
 from equarx_pass import _jax_private
-from equarx_pass.planning import match
-from equarx_pass.ir import parse
-from equarx_pass.frontends import partitioned
 from equarx_pass.errors import EquarxError, ParseError, RewriteError
+from equarx_pass.frontends import partitioned
+from equarx_pass.ir import parse
+from equarx_pass.planning import match
 from equarx_pass.planning.policy import Policy
 from equarx_pass.rewrite import rewrite_module
 from equarx_pass.site_records import SiteRecord

@@ -38,14 +38,13 @@ import jax
 import numpy as np
 
 from equarx_pass import _jax_private, report, topology
-from equarx_pass.planning import match
-from equarx_pass.frontends import partitioned
-from equarx_pass.frontends import tpu_aot
 from equarx_pass.errors import CompileError, EquarxWarning, FlagError, RewriteError
+from equarx_pass.frontends import partitioned, tpu_aot
+from equarx_pass.planning import match
 from equarx_pass.planning.policy import Policy
 from equarx_pass.rewrite import rewrite_module
-from equarx_pass.site_records import SiteRecord
 from equarx_pass.site_kind import SiteKind
+from equarx_pass.site_records import SiteRecord
 
 
 def resolve_policy(policy: Policy | None = None, flags: str | None = None) -> Policy:

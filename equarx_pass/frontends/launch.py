@@ -31,8 +31,8 @@ from typing import Callable
 import jax
 
 from equarx_pass import report
-from equarx_pass.frontends.jit import JAX_JIT, Jitted
 from equarx_pass.errors import FlagError
+from equarx_pass.frontends.jit import JAX_JIT, Jitted
 from equarx_pass.planning.policy import Policy
 
 USAGE = """usage: equarx-run [-m MODULE | SCRIPT] [ARGS...]

@@ -39,13 +39,13 @@ from jax.extend import mlir as jax_mlir
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func, sdy, stablehlo
 
-from equarx_pass.ir import traverse
 from equarx_pass import _jax_private
-from equarx_pass.planning import match
-from equarx_pass.ir import mhlo_legalize
-from equarx_pass.frontends import tpu_aot
 from equarx_pass.errors import RewriteError
+from equarx_pass.frontends import tpu_aot
+from equarx_pass.ir import mhlo_legalize, traverse
+from equarx_pass.planning import match
 from equarx_pass.planning.policy import Policy
+from equarx_pass.platforms import named_by_jax, rules_for
 from equarx_pass.rewrite import RewriteResult, copy_module, rewrite_module, verify
 
 # XLA dumps the module after every pass whose name matches: the SPMD partitioner proper
@@ -144,7 +144,8 @@ def _compile_and_dump(lowered, cheap: bool | None = None):
   rounds nothing else but is still a printed form.  The proto is the module itself.
   """
   platform = _jax_private.lowered_platform(lowered)
-  passes = [PARTITION_PASS] + ([SIMPLIFICATION_PASS] if platform == "cpu" else [])
+  after_simplification = rules_for(named_by_jax(platform)).read_after_simplification
+  passes = [PARTITION_PASS] + ([SIMPLIFICATION_PASS] if after_simplification else [])
   if cheap is None:
     cheap = platform in CHEAP_READ_PLATFORMS
   with tempfile.TemporaryDirectory(prefix="equarx_spmd_") as tmp:
@@ -206,7 +207,7 @@ def _pick_dump(names: list[str], platform: str) -> str:
     )
   partitioned_at, partitioned_name = max(steps[PARTITION_PASS])
   later = sorted(s for s in steps[SIMPLIFICATION_PASS] if s[0] > partitioned_at)
-  if platform == "cpu" and later:
+  if rules_for(named_by_jax(platform)).read_after_simplification and later:
     return later[0][1]
   return partitioned_name
 
@@ -283,7 +284,7 @@ def _per_device_module(proto: bytes, original: ir.Module, platform: str) -> ir.M
   """
   module = ir.Module.parse(jax_mlir.hlo_to_stablehlo(proto), context=original.context)
   left = mhlo_legalize.legalize(module)
-  if left and platform != "cpu":
+  if left and not rules_for(named_by_jax(platform)).compiles_mhlo:
     raise NotPartitionable(
       f"the {platform}-partitioned program holds {', '.join(left)}, which StableHLO "
       f"cannot express and the {platform} compiler takes StableHLO only"

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 import math
 import os
+import re
 import subprocess
 import sys
 import time

@@ -17,10 +17,10 @@ import stat
 from typing import Any
 
 from equarx_pass import _jax_private
-from equarx_pass.frontends import exported, tpu_aot
-from equarx_pass.planning import match
-from equarx_pass.ir import parse
 from equarx_pass.errors import CompileError, EquarxError, FlagError, RewriteError, VerifyError
+from equarx_pass.frontends import exported, tpu_aot
+from equarx_pass.ir import parse
+from equarx_pass.planning import match
 from equarx_pass.planning.policy import Policy
 from equarx_pass.rewrite import rewrite_module
 from equarx_pass.site_records import SiteRecord

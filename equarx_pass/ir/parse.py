@@ -20,9 +20,9 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import Any, BinaryIO
 import threading
 import time
+from typing import Any, BinaryIO
 
 from jax.extend import mlir as jax_mlir
 from jax.extend.mlir import ir

@@ -1,6 +1,6 @@
-"""match: which stablehlo.all_reduce ops the policy selects, and why the others are skipped.
+"""match: which stablehlo.all_reduce ops the selection takes, and why the others are skipped.
 
-Matching is a pure predicate over (op, module facts, policy): it returns a
+Matching is a pure predicate over (op, module facts, the policy's Selection): it returns a
 `Candidate` for an op to rewrite or a `Skip` with the reason, and never touches
 the IR.  `find_all_reduces` collects every all-reduce first (nested regions
 included: while bodies, case branches, private functions, sdy.manual_computation),
@@ -20,8 +20,8 @@ from jax.extend.mlir.dialects import sdy, stablehlo
 
 from equarx_pass.ir import traverse
 from equarx_pass.ir.layout import ChunkLayout, DeviceKind, GroupSchedule, make_schedule
+from equarx_pass.planning.settings import DTYPE_BYTES, Selection
 from equarx_pass.platforms import rules_for
-from equarx_pass.planning.policy import DTYPE_BYTES, Policy
 from equarx_pass.site_kind import SiteKind
 
 ALL_REDUCE = "stablehlo.all_reduce"
@@ -434,13 +434,13 @@ def _reduction_is_add(op: ir.Operation) -> bool:
   return args == {0, 1} and list(ret.operands) == [add.result]
 
 
-# Each check: (site, op, policy) -> reason to skip, or None.  First hit wins.
-def _check_enabled(site, op, policy, problem):
-  if not policy.enable:
+# Each check: (site, op, selection) -> reason to skip, or None.  First hit wins.
+def _check_enabled(site, op, selection, problem):
+  if not selection.enable:
     return "pass not enabled (--equarx_enable is off)"
 
 
-def _check_kind(site, op, policy, problem):
+def _check_kind(site, op, selection, problem):
   if op.name == MHLO_ALL_REDUCE:
     return "mhlo.all_reduce that the conversion to StableHLO left: left as it is"
   if op.name == SDY_ALL_REDUCE:
@@ -452,7 +452,7 @@ def _check_kind(site, op, policy, problem):
     return "an mhlo.all_reduce encoded as a custom call: left as it is"
 
 
-def _check_async(site, op, policy, problem):
+def _check_async(site, op, selection, problem):
   pair = async_pair(op)
   if isinstance(pair, str):
     return f"async all-reduce: {pair}"
@@ -463,38 +463,38 @@ def _check_async(site, op, policy, problem):
     )
 
 
-def _check_supported_groups(site, op, policy, problem):
+def _check_supported_groups(site, op, selection, problem):
   return problem
 
 
-def _check_reduction(site, op, policy, problem):
+def _check_reduction(site, op, selection, problem):
   if site.kind != SiteKind.ALL_GATHER and not _reduction_is_add(op):
     return "reduction is not add (only sums are quantized)"
 
 
-def _check_types(site, op, policy, problem):
+def _check_types(site, op, selection, problem):
   for o in site.operands:
-    if o.dtype not in policy.dtypes:
-      return f"element type {o.dtype} not in --equarx_dtypes={','.join(policy.dtypes)}"
+    if o.dtype not in selection.dtypes:
+      return f"element type {o.dtype} not in --equarx_dtypes={','.join(selection.dtypes)}"
     if o.shape is None:
       return "dynamic shape"
 
 
-def _check_size(site, op, policy, problem):
+def _check_size(site, op, selection, problem):
   if all(o.size == 0 for o in site.operands):
     return "zero elements: nothing to send"
-  if site.nbytes < policy.min_bytes:
-    return f"{site.nbytes} bytes < --equarx_min_bytes={policy.min_bytes}"
-  if policy.max_bytes and site.nbytes > policy.max_bytes:
-    return f"{site.nbytes} bytes > --equarx_max_bytes={policy.max_bytes}"
+  if site.nbytes < selection.min_bytes:
+    return f"{site.nbytes} bytes < --equarx_min_bytes={selection.min_bytes}"
+  if selection.max_bytes and site.nbytes > selection.max_bytes:
+    return f"{site.nbytes} bytes > --equarx_max_bytes={selection.max_bytes}"
 
 
-def _check_group_size(site, op, policy, problem):
+def _check_group_size(site, op, selection, problem):
   if site.group_size < 2:
     return "group of one device: nothing to reduce"
 
 
-def _check_pieces(site, op, policy, problem):
+def _check_pieces(site, op, selection, problem):
   """A reduce-scatter or all-gather: one operand, and the tiled form (the only one these
   are emitted in)."""
   if site.kind == SiteKind.ALL_REDUCE:
@@ -504,23 +504,23 @@ def _check_pieces(site, op, policy, problem):
   (operand,) = site.operands
   if site.kind == SiteKind.REDUCE_SCATTER and operand.shape[site.dimension] % site.group_size:
     return f"scatter dimension of {operand.shape[site.dimension]} not divisible by the group"
-  _, flat_why = policy.resolved()
+  flat_why = selection.flat_why
   if flat_why:
     return f"{site.kind} needs the tiled form ({flat_why})"
-  if site.kind == SiteKind.REDUCE_SCATTER and not policy.scheme.algo.emits_reduce_scatter:
-    return f"reduce_scatter: {policy.scheme.algorithm} has no reduce-scatter half"
+  if site.kind == SiteKind.REDUCE_SCATTER and not selection.scheme.algo.emits_reduce_scatter:
+    return f"reduce_scatter: {selection.scheme.algorithm} has no reduce-scatter half"
 
 
-def _check_known_divergence(site, op, policy, problem):
+def _check_known_divergence(site, op, selection, problem):
   """Configurations measured to break "every rank ends with the same bits": skipped
   with the reason rather than rewritten (BUILD_NOTES, "Faithfulness decisions")."""
-  scheme = policy.scheme
+  scheme = selection.scheme
   if (
     site.kind == SiteKind.ALL_REDUCE
     and scheme.fmt.bits == 4
     and scheme.block_layout == "grid"
     and scheme.algorithm != "two_shot"
-    and (site.group_size == 2 or not rules_for(policy.platform).collectives_in_loops)
+    and (site.group_size == 2 or not rules_for(selection.platform).collectives_in_loops)
   ):
     # Written out (2 ranks: XLA inlines the one-step loops; on XLA:CPU the pass writes
     # every ring out), the last partial sum is an expression XLA recomputes in each of
@@ -545,32 +545,32 @@ CHECKS: list[Callable] = [
 ]
 
 
-def match(op: ir.Operation, index: int, facts: ModuleFacts, policy: Policy) -> Decision:
+def match(op: ir.Operation, index: int, facts: ModuleFacts, selection: Selection) -> Decision:
   site, problem = describe(op, index, facts)
   for check in CHECKS:
-    reason = check(site, op, policy, problem)
+    reason = check(site, op, selection, problem)
     if reason:
       return Skip(site, reason)
   assert site.groups is not None  # _check_supported_groups skips sites without
   # Under --equarx_identity too: identity takes this route and emits the all-reduce and a
   # slice of the piece recognised here (site_patterns.emit_native).
-  if site.kind == SiteKind.ALL_REDUCE and SiteKind.REDUCE_SCATTER in policy.ops:
+  if site.kind == SiteKind.ALL_REDUCE and SiteKind.REDUCE_SCATTER in selection.ops:
     piece = own_piece_slice(op, site)
     if piece is not None:
       dimension, slice_op = piece
       scattered = dataclasses.replace(site, kind=SiteKind.REDUCE_SCATTER, dimension=dimension)
-      if _check_pieces(scattered, op, policy, problem) is None:
-        layout = policy.scheme.layout(scattered.operands[0].size, site.group_size)
+      if _check_pieces(scattered, op, selection, problem) is None:
+        layout = selection.scheme.layout(scattered.operands[0].size, site.group_size)
         return Candidate(scattered, op, layout, make_schedule(site.groups), slice_op)
-  if site.kind == SiteKind.ALL_REDUCE and SiteKind.ALL_REDUCE not in policy.ops:
-    return Skip(site, f"--equarx_ops={','.join(policy.ops)} does not select all-reduces")
+  if site.kind == SiteKind.ALL_REDUCE and SiteKind.ALL_REDUCE not in selection.ops:
+    return Skip(site, f"--equarx_ops={','.join(selection.ops)} does not select all-reduces")
   if site.kind == SiteKind.ALL_REDUCE and own_piece_slice(op, site) is not None:
     site = dataclasses.replace(site, scattered=True)
   assert site.groups is not None
   total = sum(o.size for o in site.operands)
   if site.kind == SiteKind.ALL_GATHER:  # every rank's piece, as a reduce-scatter's operand
     total *= site.group_size
-  layout = policy.scheme.layout(total, site.group_size)
+  layout = selection.scheme.layout(total, site.group_size)
   return Candidate(site, op, layout, make_schedule(site.groups))
 
 

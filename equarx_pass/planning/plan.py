@@ -30,16 +30,15 @@ from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
-from equarx_pass.planning import cost
-from equarx_pass.emission import hierarchical, quantize_kernel
+from equarx_pass.emission import hierarchical, outlier, quantize_kernel
 from equarx_pass.emission.algorithms.two_shot import TWO_SHOT
-from equarx_pass.emission import outlier
-from equarx_pass.planning import calibration
 from equarx_pass.emission.outlier_emit import CalibratedPlan
-from equarx_pass.ir.layout import GroupSchedule, make_schedule
-from equarx_pass.planning.match import Candidate, Decision, Skip
-from equarx_pass.planning.policy import DTYPE_BYTES, Policy
 from equarx_pass.emission.scheme import Scheme
+from equarx_pass.ir.layout import GroupSchedule, make_schedule
+from equarx_pass.planning import calibration, cost
+from equarx_pass.planning.match import Candidate, Decision, Skip
+from equarx_pass.planning.policy import Policy
+from equarx_pass.planning.settings import DTYPE_BYTES
 from equarx_pass.site_kind import SiteKind
 from equarx_pass.topology import Levels, Topology, split_groups
 from equarx_pass.traffic import Declaration
@@ -51,6 +50,9 @@ class Route:
   `name` is what the report's records say."""
 
   name: ClassVar[str] = ""
+  # Whether the cost model's speed-up is the route's (the identity route emits the
+  # native collective: it has none).
+  priced: ClassVar[bool] = True
   native: cost.Traffic
   rewritten: cost.Traffic
   quantized_values: int  # operand values that enter the quantized all-reduce
@@ -95,6 +97,7 @@ class IdentityRoute(Route):
   """--equarx_identity: the native collective, rebuilt; it sends what the native sends."""
 
   name: ClassVar[str] = "identity"
+  priced: ClassVar[bool] = False
 
 
 @dataclasses.dataclass(frozen=True)

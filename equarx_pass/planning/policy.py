@@ -17,12 +17,13 @@ from equarx_pass.emission import scheme as scheme_lib
 from equarx_pass.emission.algorithms import ALGORITHMS as ALGORITHM_REGISTRY
 from equarx_pass.emission.formats import FORMATS as FORMAT_REGISTRY
 from equarx_pass.errors import FlagError
+from equarx_pass.planning.settings import DTYPE_BYTES, EmissionSettings, LinkSettings, Selection
 from equarx_pass.platforms import PLATFORMS as PLATFORM_RULES
-from equarx_pass.platforms import rules_for
+from equarx_pass.platforms import named_by_jax, rules_for
 from equarx_pass.site_kind import SITE_KINDS, SiteKind
 
 ENV_VAR = "EQUARX_FLAGS"
-DTYPES = ("bf16", "f16", "f32")
+DTYPES = tuple(DTYPE_BYTES)
 # The collectives the pass may rewrite: float-sum all-reduces (the default), and, when
 # named, float-sum reduce-scatters and all-gathers (match.py finds them; each algorithm's
 # emit_reduce_scatter, algorithms/, and all_gather.py emit them).
@@ -63,8 +64,6 @@ BLOCK_DEFAULT = 1024
 # The tiled form's rotation when --equarx_rotation_size is not given: one 128-lane row,
 # a matmul per tile (H_1024 costs 8x the multiplies).
 ROTATION_SIZE_TILED = 128
-# Bytes per element of each selectable element type (MLIR spelling).
-DTYPE_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +189,39 @@ class Policy:
     policy, _ = self.resolved()
     return policy._scheme(policy.block_size, policy.rotation_size)
 
+  @property
+  def selection(self) -> Selection:
+    """What match.py reads: the sizes, types and kinds selected, and the resolved scheme
+    and platform the sites would be emitted with."""
+    policy, flat_why = self.resolved()
+    return Selection(
+      policy.enable,
+      policy.min_bytes,
+      policy.max_bytes,
+      policy.dtypes,
+      policy.ops,
+      policy._scheme(policy.block_size, policy.rotation_size),
+      flat_why,
+      policy.platform,
+    )
+
+  @property
+  def links(self) -> LinkSettings:
+    """What the flags say of the topology (topology.derive)."""
+    return LinkSettings(
+      self.domain_devices,
+      self.domains,
+      # A named topology is one slice.
+      self.compile_for.startswith("tpu:"),
+      self.fast_link_bandwidth,
+      self.slow_link_bandwidth,
+    )
+
+  @property
+  def emission(self) -> EmissionSettings:
+    """What the rewrite patterns read."""
+    return EmissionSettings(self.platform, self.form, self.unroll_min_bytes)
+
   def _flat_why(self) -> str | None:
     """Why the flat form is emitted (None: the tiled form is)."""
     scheme = self._scheme(self.block_size or self._default_block(), self.rotation_size)
@@ -224,11 +256,11 @@ class Policy:
     (`platform`, a JAX platform name; None when not known, as for a file)."""
     if self.platform != "auto":
       return self.platform
-    if platform in ("cpu", "tpu", "gpu"):
-      return platform
-    if platform == "cuda" or platform == "rocm":
-      return "gpu"
-    return "tpu" if self.compile_for.startswith("tpu:") else "cpu"
+    named = named_by_jax(platform)
+    if named:
+      return named
+    # A file compiled for a named topology gets that platform's forms, else CPU's.
+    return self.compile_for.partition(":")[0] if self.compile_for else "cpu"
 
   def resolved(self) -> tuple[Policy, str | None]:
     """This policy with the form's defaults filled in, and why the flat form is emitted

@@ -16,9 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import re
-
 import pydoc_data.topics
+import re
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(ROOT, "equarx_pass", "examples", "minilm_corpus.txt")

@@ -31,17 +31,17 @@ import functools
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import numpy as np
-from numpy.typing import DTypeLike
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import stablehlo as hlo
+from numpy.typing import DTypeLike
 
 from equarx_pass.emission import quantize as qz
 from equarx_pass.emission.algorithms.base import Algorithm, Finish
 from equarx_pass.emission.formats import INT8, Format
 from equarx_pass.emission.forms import LOOP_FROM_MEMBERS, FlatSite, TiledSite, add
+from equarx_pass.emission.quantize_emit import FlatCodec
 from equarx_pass.ir.hlo_builder import Emitter, shape_of, unrolled_loop, while_loop
 from equarx_pass.ir.layout import ChunkLayout, chunk_layout, pad_chunks, unpad
-from equarx_pass.emission.quantize_emit import FlatCodec
 
 if TYPE_CHECKING:
   from equarx_pass.emission.scheme import Lane, Scheme

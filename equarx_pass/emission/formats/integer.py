@@ -19,7 +19,6 @@ from jax.extend.mlir.dialects import stablehlo as hlo
 from equarx_pass.emission.formats.base import Format
 from equarx_pass.ir.hlo_builder import Emitter, shape_of, tensor
 
-
 GOLDEN = 0x9E3779B9  # spreads consecutive positions over the 32 bits
 MIX_1, MIX_2 = 0x85EBCA6B, 0xC2B2AE35  # murmur3's finalizer
 
