@@ -76,8 +76,6 @@ class PlatformRules:
   """
 
   name: str
-  # The names JAX gives the platform (a device's `platform`, a lowering's platforms).
-  jax_platforms: tuple[str, ...]
   # Topology (topology.py): the (fast, slow) links, by the longest prefix of the device
   # kind that `links_by_device_kind` names, else `links`.
   links: tuple[LinkClass, LinkClass]
@@ -110,6 +108,8 @@ class PlatformRules:
   pieces_by_all_reduce: bool = False
   # --equarx_outline=auto outlines the rewritten sites (rewrite.py, outline.py).
   outline_by_default: bool = False
+  # The other names JAX gives the platform (a device's `platform`, a lowering's).
+  jax_aliases: tuple[str, ...] = ()
   # The kernel form (quantize_kernel.py): where its Pallas kernels run for a program
   # compiled for this platform ("tpu": Mosaic, "cuda": Triton, "interpret": Pallas's
   # interpreter; "": none), and whether that needs this platform's own forms.
@@ -138,7 +138,6 @@ def register(rules: PlatformRules) -> PlatformRules:
 register(
   PlatformRules(
     "cpu",
-    ("cpu",),
     CPU_LINKS,
     one_process_is_hosts=True,
     # XLA:CPU's collectives across processes (gloo): one flat ring, 16-bit floats as f32.
@@ -165,7 +164,6 @@ register(
 register(
   PlatformRules(
     "tpu",
-    ("tpu",),
     TPU_LINKS["TPU v5 lite"],
     tuple(TPU_LINKS.items()),
     domain_attribute="slice_index",
@@ -178,13 +176,17 @@ register(
 )
 register(
   PlatformRules(
-    "gpu", ("gpu", "cuda", "rocm"), GPU_LINKS, compute_s=(4.2e-5, 1.2e-11), kernel_target="cuda"
+    "gpu",
+    GPU_LINKS,
+    compute_s=(4.2e-5, 1.2e-11),
+    jax_aliases=("cuda", "rocm"),
+    kernel_target="cuda",
   )
 )
 
 # A name no rule is registered for (none reaches the pass: policy.target_platform gives a
 # registered one): an accelerator's rules with the CPU's links and the TPU's compute.
-_UNKNOWN = PlatformRules("", (), CPU_LINKS)
+_UNKNOWN = PlatformRules("", CPU_LINKS)
 
 
 def rules_for(platform: str | None) -> PlatformRules:
@@ -194,6 +196,6 @@ def rules_for(platform: str | None) -> PlatformRules:
 def named_by_jax(jax_platform: str | None) -> str | None:
   """The registered platform JAX calls `jax_platform` ("cuda" -> "gpu"), or None."""
   for rules in PLATFORMS.values():
-    if jax_platform in rules.jax_platforms:
+    if jax_platform == rules.name or jax_platform in rules.jax_aliases:
       return rules.name
   return None

@@ -85,3 +85,33 @@ def test_the_builtin_platforms_keep_their_rules():
   assert gpu.links == platforms.GPU_LINKS and gpu.collectives_in_loops
   assert platforms.rules_for("TPU?").links == platforms.CPU_LINKS  # no rule: CPU links
   assert platforms.rules_for("TPU?").compute_s == tpu.compute_s  # and the TPU's figure
+
+
+def test_jax_names_kernels_and_the_partitioned_route_follow_the_rules(toy):
+  """The names JAX gives a platform, where the kernel form's kernels run, and the
+  partitioned route's choices are fields: a registered platform sets them."""
+  from equarx_pass.emission import quantize_kernel
+
+  aliased = platforms.register(
+    dataclasses.replace(toy, name="toy2", jax_aliases=("toyjax",), kernel_target="tpu")
+  )
+  try:
+    assert platforms.named_by_jax("toyjax") == "toy2" and platforms.named_by_jax("cuda") == "gpu"
+    assert Policy().target_platform("toyjax") == "toy2"
+    assert Policy().target_platform(None) == "cpu"
+    assert Policy(compile_for="tpu:v5e:2x2").target_platform(None) == "tpu"
+    # toy2 rotates by the model's butterflies (toy's rules): no kernels for its forms.
+    assert "butterflies" in quantize_kernel.target_for("toyjax", "toy2")
+    matmul = platforms.register(dataclasses.replace(aliased, name="toy3", matmul_rotation=True))
+    try:
+      assert quantize_kernel.target_for("toy3", "toy3") == "tpu"
+      assert quantize_kernel.target_for("toy3", "gpu").startswith("no kernel")
+    finally:
+      del platforms.PLATFORMS[matmul.name]
+  finally:
+    del platforms.PLATFORMS[aliased.name]
+  assert quantize_kernel.target_for("cpu", "tpu") == "interpret"
+  assert quantize_kernel.target_for("cuda", "gpu") == "cuda"
+  assert quantize_kernel.target_for("tpu", "tpu") == "tpu"
+  assert platforms.rules_for("cpu").read_after_simplification
+  assert platforms.rules_for("cpu").compiles_mhlo and not platforms.rules_for("tpu").compiles_mhlo
