@@ -140,6 +140,7 @@ def _topology(
       links.one_slice,
       links.fast_link_bandwidth,
       links.slow_link_bandwidth,
+      links.node_size,
     )
   except ValueError as e:
     raise FlagError(f"--equarx_domains: {e}") from None

@@ -122,16 +122,20 @@ def derive(
   named_tpu_topology: bool = False,
   fast_bandwidth: float = 0,
   slow_bandwidth: float = 0,
+  named_node_size: int = 0,
 ) -> Topology:
   """The one rule for a module's topology, in order: domains the flags give
   (--equarx_domain_devices, --equarx_domains); else the devices' own, where the program's
   devices are known (from_devices: TPU slices, processes); else one TPU slice for a named
-  TPU topology (--equarx_compile_for=tpu:TOPOLOGY); else one host per device.  Raises
-  ValueError where the devices do not split into `num_domains` equal domains."""
+  TPU topology (--equarx_compile_for=tpu:TOPOLOGY), or nodes of `named_node_size` GPUs for
+  a named GPU cluster (--equarx_compile_for=gpu:MODEL:NxG); else one host per device.
+  Raises ValueError where the devices do not split into `num_domains` equal domains."""
   if devices is not None and not domain_devices and not num_domains:
     return from_devices(devices, platform, fast_bandwidth, slow_bandwidth)
   if not num_domains and not domain_devices and named_tpu_topology:
     num_domains = 1
+  if not num_domains and not domain_devices and named_node_size:
+    domain_devices = named_node_size
   return from_size(
     num_devices, platform, domain_devices, num_domains, fast_bandwidth, slow_bandwidth
   )

@@ -40,15 +40,20 @@ MINILM_HINT = (
 
 
 def pytest_collection_modifyitems(config, items):
-  """Tests marked `libtpu` (TPU ahead-of-time compiles) skip where the tpu extra is absent."""
+  """Tests marked `libtpu` (TPU ahead-of-time compiles) skip where the tpu extra is absent,
+  and tests marked `cuda_plugin` (GPU cluster compiles) where the cuda-aot extra is."""
+  from equarx_pass.frontends.gpu_aot import PLUGIN_HINT, have_cuda_plugin
   from equarx_pass.frontends.tpu_aot import LIBTPU_HINT, have_libtpu
 
-  if have_libtpu():
-    return
-  skip = pytest.mark.skip(reason=f"compiles for a TPU topology; {LIBTPU_HINT} (as .ci/run does)")
+  skips = {}
+  if not have_libtpu():
+    skips["libtpu"] = f"compiles for a TPU topology; {LIBTPU_HINT} (as .ci/run does)"
+  if not have_cuda_plugin():
+    skips["cuda_plugin"] = f"compiles for a GPU cluster; {PLUGIN_HINT} (as .ci/run does)"
   for item in items:
-    if "libtpu" in item.keywords:
-      item.add_marker(skip)
+    for marker, reason in skips.items():
+      if marker in item.keywords:
+        item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
 """Ahead-of-time compiles of a (rewritten) module for a TPU topology (--equarx_compile_for).
+GPU clusters (gpu:MODEL:NxG) go to gpu_aot.py, which returns the same TopologyCompile.
 
 No TPU is needed: libtpu (the jax[tpu] extra) gives compile-only devices for a
 named topology (e.g. v5e:2x2, v4:2x2x1), and their client compiles a StableHLO
@@ -66,6 +67,9 @@ class TopologyCompile:
   # All-reduces across slices: on multislice TPU these compile to host transfers to the
   # cross-slice runtime (cross_slice_bytes), not to all-reduce instructions.
   cross_slice_all_reduces: int = 0
+  # GPU clusters (gpu_aot.py): bytes per device the program sends between nodes, counted
+  # from its replica groups (gpu_aot.cross_node_bytes).
+  cross_node_bytes: float | None = None
   # The program before the rewrite, compiled for the same target (compare_to_original).
   original: TopologyCompile | None = dataclasses.field(repr=False, default=None)
 
@@ -84,15 +88,24 @@ class TopologyCompile:
       # The tiled forms' all-gather of the f32 scales, which the TPU compiler implements
       # as an all-reduce of a zero-padded buffer when it is small (a rewritten program:
       # it moves s8 codes; else the all-reduces left are the program's own).
-      if self.quantized_collectives and all(
-        shape.startswith("f32[") for shape in self.all_reduce_shapes
+      if (
+        self.target.startswith("tpu:")
+        and self.quantized_collectives
+        and all(shape.startswith("f32[") for shape in self.all_reduce_shapes)
       ):
         left += "; the TPU compiler makes small all-gathers (the f32 scales') all-reduces"
     return (
       f"compiled for {self.target} in {self.seconds:.2f} s: {self.num_devices} devices, "
       f"{self.quantized_collectives} s8 collectives ({self.quantized_permutes} of "
-      f"{self.permutes} collective-permutes), {left}"
+      f"{self.permutes} collective-permutes), {left}{self._across_nodes()}"
     ) + self._against_original()
+
+  def _across_nodes(self) -> str:
+    if self.cross_node_bytes is None:
+      return ""
+    from equarx_pass.report import fmt_bytes  # (the report's units; imports the pass)
+
+    return f"; {fmt_bytes(round(self.cross_node_bytes))} per device across nodes"
 
   def _against_original(self) -> str:
     """The compiler's on-chip estimate and temporary memory beside the original
@@ -101,6 +114,14 @@ class TopologyCompile:
     if original is None:
       return ""
     parts = []
+    if self.cross_node_bytes is not None and original.cross_node_bytes is not None:
+      from equarx_pass.report import fmt_bytes  # (the report's units; imports the pass)
+
+      parts.append(
+        f"across nodes {fmt_bytes(round(self.cross_node_bytes))} per device against the original's "
+        f"{fmt_bytes(round(original.cross_node_bytes))} (counted from the compiled programs' "
+        "replica groups)"
+      )
     mine, theirs = self.on_chip_seconds, original.on_chip_seconds
     if mine is not None and theirs is not None:
       parts.append(
@@ -125,8 +146,12 @@ class TopologyCompile:
 def compile_for_target(
   module_text: str, target: str, timeout: float = COMPILE_TIMEOUT_S
 ) -> TopologyCompile:
-  """Compile `module_text` for `target` ('tpu:v5e:2x2') in a child process."""
-  parse_compile_target(target)
+  """Compile `module_text` for `target` ('tpu:v5e:2x2', 'gpu:h100:2x8') in a child process."""
+  platform, _ = parse_compile_target(target)
+  if platform == "gpu":
+    from equarx_pass.frontends import gpu_aot
+
+    return gpu_aot.compile_for_target(module_text, target, timeout)
   if not have_libtpu():
     raise CompileError(f"cannot compile for {target}: {LIBTPU_HINT}")
   env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1")

@@ -45,7 +45,7 @@ PARTITIONED_MODES = get_args(Mode)
 OUTLINE_MODES = get_args(Mode)
 # The platform the tiled form is emitted for (on CPU its forward rotation is the model's
 # butterflies, elsewhere a matmul): auto = where equarx_pass.jit compiles the program;
-# for equarx-opt, tpu with --equarx_compile_for=tpu:..., else cpu.
+# for equarx-opt, the platform of --equarx_compile_for (tpu:..., gpu:...), else cpu.
 Platform = Literal["auto", "cpu", "tpu", "gpu"]
 PLATFORMS = get_args(Platform)
 # The emitted form: tiled or flat (forms.py); auto = tiled wherever the
@@ -211,10 +211,11 @@ class Policy:
     return LinkSettings(
       self.domain_devices,
       self.domains,
-      # A named topology is one slice.
+      # A named TPU topology is one slice; a named GPU cluster, nodes of G GPUs.
       self.compile_for.startswith("tpu:"),
       self.fast_link_bandwidth,
       self.slow_link_bandwidth,
+      _named_node_size(self.compile_for),
     )
 
   @property
@@ -314,11 +315,29 @@ class Policy:
     return " ".join(out)
 
 
+def _named_node_size(compile_for: str) -> int:
+  """GPUs per node of --equarx_compile_for=gpu:MODEL:NxG (0 for any other target)."""
+  platform, _, cluster = compile_for.partition(":")
+  if platform != "gpu":
+    return 0
+  from equarx_pass.frontends.gpu_aot import parse_cluster
+
+  return parse_cluster(cluster).gpus_per_node
+
+
 def parse_compile_target(spec: str) -> tuple[str, str]:
-  """'tpu:v5e:2x2' -> ('tpu', 'v5e:2x2')."""
+  """'tpu:v5e:2x2' -> ('tpu', 'v5e:2x2'); 'gpu:h100:2x8' -> ('gpu', 'h100:2x8'), checked
+  (gpu_aot.parse_cluster)."""
   platform, _, topology = spec.partition(":")
-  if platform != "tpu" or not topology:
-    raise FlagError(f"--equarx_compile_for takes tpu:TOPOLOGY (e.g. tpu:v5e:2x2), got {spec!r}")
+  if platform not in ("tpu", "gpu") or not topology:
+    raise FlagError(
+      "--equarx_compile_for takes tpu:TOPOLOGY (e.g. tpu:v5e:2x2) or gpu:MODEL:NODESxGPUS "
+      f"(e.g. gpu:h100:2x8), got {spec!r}"
+    )
+  if platform == "gpu":
+    from equarx_pass.frontends.gpu_aot import parse_cluster
+
+    parse_cluster(topology)
   return platform, topology
 
 
@@ -533,10 +552,14 @@ FLAGS = {
       "equarx_compile_for",
       "compile_for",
       _parse_str,
-      "also compile the result for a TPU topology ahead of time (e.g. `tpu:v5e:2x2`, "
-      "`tpu:v4:2x2x1`; needs the `tpu` extra, no TPU), beside the original: the report "
-      "gives both programs' on-chip estimates and temporary memory",
-      metavar="tpu:TOPO",
+      "also compile the result ahead of time, beside the original, for a TPU topology (e.g. "
+      "`tpu:v5e:2x2`, `tpu:v4:2x2x1`; needs the `tpu` extra, no TPU: the report gives both "
+      "programs' on-chip estimates and temporary memory) or a GPU cluster of NODES nodes "
+      "of GPUS GPUs (`gpu:h100:2x8`; needs the `cuda-aot` extra, no GPU: the report gives "
+      "the bytes per GPU both programs send between nodes, counted from the compiled "
+      "programs); for `equarx-opt` the target also says where the program runs and, for a "
+      "GPU cluster, its nodes",
+      metavar="T",
     ),
     Flag(
       "equarx_partitioned",
@@ -584,8 +607,8 @@ FLAGS = {
       _parse_str,
       "where the program runs: `cpu` (the tiled form's forward rotation is the model's "
       "butterflies, so a site equals the NumPy model bit for bit), `tpu` or `gpu` (a "
-      "matmul); `auto`: where `equarx_pass.jit` compiles, and for `equarx-opt` `tpu` with "
-      "`--equarx_compile_for=tpu:...`, else `cpu`",
+      "matmul); `auto`: where `equarx_pass.jit` compiles, and for `equarx-opt` the "
+      "platform of `--equarx_compile_for` (`tpu:...`, `gpu:...`), else `cpu`",
       metavar="P",
     ),
     Flag(

@@ -44,6 +44,7 @@ class LinkSettings:
   one_slice: bool  # compiled for a named topology, which is one slice
   fast_link_bandwidth: float  # GB/s per device and direction (0: the platform's)
   slow_link_bandwidth: float
+  node_size: int  # compiled for a named GPU cluster: its GPUs per node (else 0)
 
 
 @dataclasses.dataclass(frozen=True)

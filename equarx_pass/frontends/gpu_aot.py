@@ -1,0 +1,427 @@
+"""Ahead-of-time compiles for a multi-node GPU cluster (--equarx_compile_for=gpu:h100:2x8),
+and the bytes per GPU a compiled GPU program sends between nodes.
+
+No GPU is needed.  JAX's CUDA plugin (the cuda-aot extra: jax-cuda12-plugin with pip's
+nvcc and nvJitLink) gives compile-only devices for a cluster described by XLA's target
+description of the GPU (gpu_targets/, shipped with the package) and a shape, N nodes of G
+GPUs; its client compiles a sharded program into a real executable for that GPU (sm_90a
+for the H100).  Each compile-only device has the `process_index` of its node, so
+equarx_pass.jit finds the nodes as it does on the cluster (topology.from_devices).
+
+The plugin registers only where JAX_PLATFORMS names no other platform or where a GPU is
+present: on a machine without one, set JAX_PLATFORMS=cpu before JAX starts
+(--equarx_compile_for compiles in a child process that does).
+
+A compiled GPU program marks no transfer as crossing nodes (multislice TPU programs do:
+tpu_aot.cross_slice_bytes); what crosses is read from each collective's replica groups
+and the node of each device (cross_node_bytes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from equarx_pass.errors import CompileError, FlagError
+
+COMPILE_TIMEOUT_S = 600
+# The GPU models a target may name, and XLA's description of each (gpu_targets/).
+TARGET_CONFIGS = {"h100": "h100_sxm.txtpb"}
+PLUGIN_HINT = (
+  "the CUDA plugin is not installed: install the cuda-aot extra (pip install '.[cuda-aot]' "
+  "in a checkout, 'equarx-pass[cuda-aot]' from a wheel)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuCluster:
+  """N nodes of G GPUs of one model: what --equarx_compile_for=gpu:MODEL:NxG names."""
+
+  model: str
+  nodes: int
+  gpus_per_node: int
+
+  @property
+  def num_devices(self) -> int:
+    return self.nodes * self.gpus_per_node
+
+  @property
+  def topology(self) -> str:
+    """The shape JAX's GPU topology API takes: slices x hosts per slice x devices per
+    host.  An H100 node is an NVLink domain of its own, so a slice of one host."""
+    return f"{self.nodes}x1x{self.gpus_per_node}"
+
+
+def parse_cluster(topology: str) -> GpuCluster:
+  """'h100:2x8' -> GpuCluster('h100', 2, 8)."""
+  model, _, shape = topology.partition(":")
+  found = re.fullmatch(r"(\d+)x(\d+)", shape)
+  if model not in TARGET_CONFIGS or not found or min(map(int, found.groups())) < 1:
+    models = ", ".join(TARGET_CONFIGS)
+    raise FlagError(
+      f"--equarx_compile_for=gpu: takes MODEL:NODESxGPUS with MODEL one of {models} "
+      f"(e.g. gpu:h100:2x8, 2 nodes of 8 H100), got {'gpu:' + topology!r}"
+    )
+  return GpuCluster(model, int(found.group(1)), int(found.group(2)))
+
+
+def have_cuda_plugin() -> bool:
+  """Whether JAX's CUDA plugin (the cuda-aot extra) is installed, without loading it."""
+  try:
+    return importlib.util.find_spec("jax_plugins.xla_cuda12") is not None
+  except ModuleNotFoundError:  # no jax_plugins package: no plugin at all
+    return False
+
+
+def target_config(model: str) -> str:
+  """XLA's target description of the GPU `model`, as shipped in gpu_targets/."""
+  here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
+  with open(os.path.join(here, TARGET_CONFIGS[model])) as f:
+    return f.read()
+
+
+def cluster_devices(topology: str) -> list:
+  """Compile-only devices of the cluster 'h100:2x8', node by node: device i is on node
+  i // G (its process_index).  Needs the CUDA plugin registered (see the docstring)."""
+  from jax.experimental import topologies
+
+  cluster = parse_cluster(topology)
+  if not have_cuda_plugin():
+    raise CompileError(f"cannot make devices for gpu:{topology}: {PLUGIN_HINT}")
+  desc = topologies.get_topology_desc(
+    topology_name="",
+    platform="cuda",
+    target_config=target_config(cluster.model),
+    topology=cluster.topology,
+  )
+  return list(desc.devices)
+
+
+# --- what crosses nodes -------------------------------------------------------------
+
+# Bytes per element of the HLO element types (tuple shapes are summed over their arrays).
+_HLO_BYTES = {
+  "pred": 1,
+  "s8": 1,
+  "u8": 1,
+  "f8e4m3fn": 1,
+  "f8e5m2": 1,
+  "f8e4m3": 1,
+  "f8e5m2fnuz": 1,
+  "f8e4m3fnuz": 1,
+  "s4": 0.5,
+  "u4": 0.5,
+  "bf16": 2,
+  "f16": 2,
+  "s16": 2,
+  "u16": 2,
+  "f32": 4,
+  "s32": 4,
+  "u32": 4,
+  "f64": 8,
+  "s64": 8,
+  "u64": 8,
+  "c64": 8,
+  "c128": 16,
+}
+_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
+COLLECTIVES = (
+  "all-reduce",
+  "reduce-scatter",
+  "all-gather",
+  "all-to-all",
+  "collective-permute",
+)
+# Collectives whose traffic between nodes is not read here: counting would be a guess.
+_NOT_COUNTED = ("ragged-all-to-all", "collective-broadcast", "send", "recv")
+_INSTRUCTION = re.compile(
+  r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+([a-z\-]+)\((.*)$",
+)
+
+
+def _bytes_of(shape: str) -> float:
+  """Bytes of an HLO shape: an array, or a tuple of them (summed)."""
+  total = 0.0
+  for dtype, dims in _ARRAY.findall(shape):
+    if dtype not in _HLO_BYTES:
+      continue  # layouts' and tokens' text
+    total += _HLO_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
+  return total
+
+
+def _top_level(shape: str) -> list[str]:
+  """The elements of a tuple shape '(a, (b, c))' -> ['a', '(b, c)']; an array: [itself]."""
+  shape = shape.strip()
+  if not shape.startswith("("):
+    return [shape]
+  parts, depth, current = [], 0, ""
+  for ch in shape[1:-1]:
+    depth += ch in "([{"
+    depth -= ch in ")]}"
+    if ch == "," and depth == 0:
+      parts.append(current.strip())
+      current = ""
+    else:
+      current += ch
+  return parts + [current.strip()]
+
+
+def replica_groups(line: str, num_devices: int) -> list[list[int]]:
+  """The groups of a collective instruction's text, in XLA's three spellings: explicit
+  `{{0,1},{2,3}}`, iota `[2,2]<=[4]` (or `[2,2]<=[2,2]T(1,0)`), and over a mesh
+  `mesh['a'=2,'b'=2], device_ids=(...) {'a'}`; `{}` is every device in one group."""
+  found = re.search(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)+)\}", line)
+  if found:
+    return [
+      [int(x) for x in group.split(",") if x.strip()]
+      for group in re.findall(r"\{([\d,\s]*)\}", found.group(1))
+    ]
+  found = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
+  if found:
+    shape = [int(x) for x in found.group(1).split(",")]
+    ids = np.arange(math.prod(int(x) for x in found.group(2).split(",")))
+    ids = ids.reshape([int(x) for x in found.group(2).split(",")])
+    if found.group(3):
+      ids = ids.transpose([int(x) for x in found.group(3).split(",")])
+    return ids.reshape(shape).tolist()
+  found = re.search(
+    r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*\)?)\))?\s*\{([^}]*)\}", line
+  )
+  if found:
+    from equarx_pass.frontends.partitioned import _device_ids
+
+    axes = [
+      (name.strip().strip("'\""), int(size))
+      for name, _, size in (a.partition("=") for a in found.group(1).split(",") if a)
+    ]
+    count = math.prod(size for _, size in axes)
+    order = _device_ids(found.group(2), count) if found.group(2) else tuple(range(count))
+    grid = np.asarray(order).reshape([size for _, size in axes])
+    reduced = [a.strip().strip("'\"") for a in found.group(3).split(",") if a.strip()]
+    names = [name for name, _ in axes]
+    keep = [i for i, n in enumerate(names) if n not in reduced]
+    over = [names.index(n) for n in reduced]
+    size = math.prod(axes[i][1] for i in over)
+    return grid.transpose(keep + over).reshape(-1, size).tolist()
+  if re.search(r"replica_groups=\{\s*\}", line) or "replica_groups=" not in line:
+    return [list(range(num_devices))]
+  raise ValueError(f"replica groups in a form not read here: {line.strip()[:300]}")
+
+
+def _sent_across(op: str, line: str, shape: str, node_of: Sequence[int]) -> np.ndarray:
+  """Bytes each device sends to other nodes in one run of collective `op` (`line` its
+  instruction, `shape` its result shape as written).
+
+  With G the group's devices, k its nodes and m the group's devices on the sender's node,
+  per device: an all-reduce of S bytes 2 (k-1)/k S/m, a reduce-scatter of an S-byte
+  operand (k-1)/k S/m, an all-gather of an R-byte result (k-1)/k R/m (all three as
+  bandwidth-optimal algorithms that reduce or gather inside each node first and send
+  each node's part across once: exact for m = 1, and a floor otherwise, which one flat
+  ring over every device exceeds), an all-to-all of S bytes the parts bound for other
+  nodes, (G - m)/G S, and a collective-permute its operand to a target on another node.
+  """
+  start = op.endswith("-start")
+  base = op[: -len("-start")] if start else op
+  sent = np.zeros(len(node_of))
+  parts = _top_level(shape)
+  if base == "collective-permute":
+    nbytes = _bytes_of(parts[0])
+    pairs = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", line)
+    if pairs is None:
+      raise ValueError(f"a collective-permute without pairs: {line.strip()[:300]}")
+    for source, target in re.findall(r"\{(\d+),(\d+)\}", pairs.group(1)):
+      if node_of[int(source)] != node_of[int(target)]:
+        sent[int(source)] += nbytes
+    return sent
+  if base == "all-reduce":
+    operand = result = _bytes_of(shape)  # (a tuple: one array per operand)
+  elif start:
+    operand, result = _bytes_of(parts[0]), _bytes_of(",".join(parts[1:]))
+  else:
+    operand = result = _bytes_of(shape)
+  for group in replica_groups(line, len(node_of)):
+    nodes = [node_of[d] for d in group]
+    k = len(set(nodes))
+    if k == 1:
+      continue
+    for device, node in zip(group, nodes):
+      m = nodes.count(node)
+      if base == "all-reduce":
+        sent[device] += 2 * (k - 1) / k * result / m
+      elif base == "reduce-scatter":
+        # Unstarted, the shape is the result, one n-th of the operand.
+        full = operand if start else result * len(group)
+        sent[device] += (k - 1) / k * full / m
+      elif base == "all-gather":
+        sent[device] += (k - 1) / k * result / m
+      elif base == "all-to-all":
+        sent[device] += (len(group) - m) / len(group) * operand
+  return sent
+
+
+def cross_node_bytes(hlo_text: str, node_of: Sequence[int]) -> float:
+  """Bytes per device that a compiled GPU program sends between nodes in one run: the
+  most any device sends.  `node_of[i]`: the node of the device with logical id i (the
+  ids the replica groups name), e.g. [d.process_index for d in devices].
+
+  Each collective is priced by _sent_across; one inside a while loop's body counts once
+  per iteration (hlo_text.executions; a loop whose trip count the text does not give
+  raises hlo_text.UnknownTripCount).  A collective of a kind not read here (send/recv,
+  ragged all-to-all, broadcast) between nodes raises ValueError: its bytes would be a
+  guess.
+  """
+  from equarx_pass.ir import hlo_text as hlo
+
+  comps, entry = hlo.split_computations(hlo_text)
+  runs = hlo.executions(hlo_text) if entry is not None else {}
+  if entry is None:
+    comps, runs = {"": hlo_text.splitlines()}, {"": 1}
+  total = np.zeros(len(node_of))
+  for name, lines in comps.items():
+    times = runs.get(name, 0)
+    for line in lines:
+      found = _INSTRUCTION.match(line)
+      if not found or not times:
+        continue
+      shape, op, _ = found.groups()
+      base = op[: -len("-start")] if op.endswith("-start") else op
+      if base in _NOT_COUNTED and not _one_node(line, node_of):
+        raise ValueError(f"cannot count the bytes across nodes of a {base}: {line.strip()[:200]}")
+      if base in COLLECTIVES:
+        total += times * _sent_across(op, line, shape, node_of)
+  return float(total.max()) if len(total) else 0.0
+
+
+def bytes_across_nodes(lowered, compiled=None) -> float:
+  """cross_node_bytes of the program `lowered` (a jax.stages.Lowered of jax.jit or
+  equarx_pass.jit for devices of cluster_devices) compiles to, `compiled` where given:
+  the nodes are the devices' process_index, by their position in the program's device
+  assignment."""
+  from equarx_pass import _jax_private
+
+  compiled = lowered.compile() if compiled is None else compiled
+  devices = _jax_private.lowered_devices(lowered)
+  return cross_node_bytes(compiled.as_text(), [d.process_index for d in devices])
+
+
+def _one_node(line: str, node_of: Sequence[int]) -> bool:
+  """Whether a collective of a kind not counted stays inside one node."""
+  try:
+    groups = replica_groups(line, len(node_of))
+  except ValueError:
+    return False
+  return all(len({node_of[d] for d in group}) == 1 for group in groups)
+
+
+# --- --equarx_compile_for=gpu:... ---------------------------------------------------
+
+
+def compile_for_target(module_text: str, target: str, timeout: float = COMPILE_TIMEOUT_S):
+  """Compile `module_text` for `target` ('gpu:h100:2x8') in a child process: a
+  tpu_aot.TopologyCompile with the bytes per device the program sends across nodes."""
+  from equarx_pass.frontends.tpu_aot import TopologyCompile
+
+  _, _, topology = target.partition(":")
+  parse_cluster(topology)
+  if not have_cuda_plugin():
+    raise CompileError(f"cannot compile for {target}: {PLUGIN_HINT}")
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  try:
+    proc = subprocess.run(
+      [sys.executable, "-m", "equarx_pass.frontends.gpu_aot", target],
+      input=module_text.encode(),
+      capture_output=True,
+      timeout=timeout,
+      env=env,
+    )
+  except subprocess.TimeoutExpired:
+    raise CompileError(f"compiling for {target} took longer than {timeout:.0f} s") from None
+  lines = proc.stdout.decode(errors="replace").strip().splitlines()
+  if proc.returncode != 0 or not lines:
+    err = proc.stderr.decode(errors="replace").strip().splitlines()
+    tail = " | ".join(line for line in err if "error" in line.lower())[-800:] or " | ".join(
+      err[-3:]
+    )
+    raise CompileError(f"compiling for {target} failed (exit code {proc.returncode}): {tail}")
+  data = json.loads(lines[-1])
+  if "error" in data:
+    raise CompileError(f"compiling for {target} failed: {data['error']}")
+  return TopologyCompile(**data)
+
+
+def _compile_in_this_process(module_text: str, target: str) -> dict:
+  from jax.extend import backend as jax_backend
+  from jax.extend.mlir import ir
+
+  from equarx_pass import _jax_private
+  from equarx_pass.planning import match
+  from equarx_pass.frontends.tpu_aot import count_collectives
+
+  _, _, topology = target.partition(":")
+  devices: list[Any] = cluster_devices(topology)
+  context = _jax_private.make_ir_context()
+  module = ir.Module.parse(module_text, context=context)
+  facts = match.module_facts(module)
+  needed = facts.num_partitions * facts.num_replicas
+  if needed != len(devices):
+    return {
+      "error": f"the module runs on {needed} devices ({facts.num_replicas} replicas x "
+      f"{facts.num_partitions} partitions) but {target} has {len(devices)}"
+    }
+  # Logical id i on device i: node i // G, as the pass plans a file for this target.
+  assignment = np.array([d.id for d in devices]).reshape(facts.num_replicas, facts.num_partitions)
+  options = jax_backend.get_compile_options(
+    num_replicas=facts.num_replicas,
+    num_partitions=facts.num_partitions,
+    device_assignment=assignment,
+  )
+  start = time.perf_counter()
+  executable = devices[0].client.compile(
+    module, executable_devices=_jax_private.device_list(devices), compile_options=options
+  )
+  seconds = time.perf_counter() - start
+  hlo_text = "\n".join(m.to_string() for m in executable.hlo_modules())
+  try:
+    stats = executable.get_compiled_memory_stats()
+    temp_bytes: int | None = int(stats.temp_size_in_bytes)
+  except Exception:  # a client that gives no memory statistics
+    temp_bytes = None
+  return dict(
+    temp_bytes=temp_bytes,
+    target=target,
+    seconds=seconds,
+    num_devices=len(devices),
+    cost={},
+    hlo_text=hlo_text,
+    cross_node_bytes=cross_node_bytes(hlo_text, [d.process_index for d in devices]),
+    **count_collectives(hlo_text),
+  )
+
+
+def main(argv: list[str]) -> int:
+  if len(argv) != 2:
+    print(
+      json.dumps({"error": "usage: python -m equarx_pass.frontends.gpu_aot gpu:MODEL:NxG < module"})
+    )
+    return 2
+  try:
+    result = _compile_in_this_process(sys.stdin.read(), argv[1])
+  except Exception as e:  # reported to the parent, which raises CompileError
+    result = {"error": f"{type(e).__name__}: {str(e).strip()[:2000]}"}
+  sys.stdout.write("\n" + json.dumps(result) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv))
