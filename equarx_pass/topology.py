@@ -135,7 +135,10 @@ def derive(
   if not num_domains and not domain_devices and named_tpu_topology:
     num_domains = 1
   if not num_domains and not domain_devices and named_node_size:
-    domain_devices = named_node_size
+    nodes = from_size(num_devices, platform, named_node_size, 0, fast_bandwidth, slow_bandwidth)
+    return dataclasses.replace(
+      nodes, source=f"nodes of {named_node_size} GPUs, --equarx_compile_for"
+    )
   return from_size(
     num_devices, platform, domain_devices, num_domains, fast_bandwidth, slow_bandwidth
   )

@@ -20,6 +20,7 @@ BENCHMARKS = {
   "bench_auto_sharded": "extra compile cost of the partitioned route (compiler-inserted all-reduces)",
   "bench_compile": "pass time and compile time on a 64-layer tensor-parallel transformer",
   "bench_dispatch": "per-call Python dispatch overhead of equarx_pass.jit against jax.jit",
+  "bench_gpu_aot": "multi-node H100 clusters, compile-only: bytes across nodes, compile time",
   "bench_gpu_step": "the ring step's arithmetic on one device, against copy bandwidth",
   "bench_kernel": "the quantize stage as one Pallas kernel against XLA's, on one device",
   "bench_multislice": "multislice TPU, compile-only: DCN bytes, on-chip time, compile time",
