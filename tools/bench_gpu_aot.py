@@ -6,7 +6,7 @@ counted from the compiled programs, beside the report's, and the compile time.
         [--sizes 4M 16M 64M] [--gbps 50 12.5] [--out results/gpu_aot.json]
 
 Needs the cuda-aot extra (JAX's CUDA plugin): JAX compiles for N nodes of 8 H100
-(equarx_pass.gpu_aot.cluster_devices) on any machine.  Programs, on a ("node", "gpu") mesh
+(equarx_pass.frontends.gpu_aot.cluster_devices) on any machine.  Programs, on a ("node", "gpu") mesh
 (FSDP's: ("dcn", "ici"), as equarx_pass/examples/fsdp_step.py names them):
 
   psum     shard_map psum over both axes of SIZE bytes per GPU
@@ -71,7 +71,7 @@ def cluster_mesh(cluster: str, names=("node", "gpu")):
   import numpy as np
   from jax.sharding import Mesh
 
-  from equarx_pass import gpu_aot
+  from equarx_pass.frontends import gpu_aot
 
   nodes = gpu_aot.parse_cluster(cluster).nodes
   devices = np.asarray(gpu_aot.cluster_devices(cluster)).reshape(nodes, -1)
@@ -118,7 +118,7 @@ def measure(cluster: str, name: str, dtype_name: str, size: int, gbps: float) ->
   import jax
 
   import equarx_pass
-  from equarx_pass import gpu_aot
+  from equarx_pass.frontends import gpu_aot
 
   dtype = benchlib.jnp_dtype(dtype_name)
   timed = {}
@@ -178,7 +178,7 @@ def main() -> int:
   parser.add_argument("--out", default=os.path.join(benchlib.RESULTS, "gpu_aot.json"))
   args = parser.parse_args()
 
-  from equarx_pass import gpu_aot
+  from equarx_pass.frontends import gpu_aot
 
   if not gpu_aot.have_cuda_plugin():
     print(f"bench_gpu_aot: {gpu_aot.PLUGIN_HINT}", file=sys.stderr)

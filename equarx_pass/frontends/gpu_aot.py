@@ -19,7 +19,6 @@ and the node of each device (cross_node_bytes).
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import math
@@ -32,47 +31,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from equarx_pass.errors import CompileError, FlagError
+from equarx_pass.errors import CompileError
+from equarx_pass.planning.policy import GPU_TARGET_CONFIGS, parse_cluster
 
 COMPILE_TIMEOUT_S = 600
-# The GPU models a target may name, and XLA's description of each (gpu_targets/).
-TARGET_CONFIGS = {"h100": "h100_sxm.txtpb"}
 PLUGIN_HINT = (
   "the CUDA plugin is not installed: install the cuda-aot extra (pip install '.[cuda-aot]' "
   "in a checkout, 'equarx-pass[cuda-aot]' from a wheel)"
 )
-
-
-@dataclasses.dataclass(frozen=True)
-class GpuCluster:
-  """N nodes of G GPUs of one model: what --equarx_compile_for=gpu:MODEL:NxG names."""
-
-  model: str
-  nodes: int
-  gpus_per_node: int
-
-  @property
-  def num_devices(self) -> int:
-    return self.nodes * self.gpus_per_node
-
-  @property
-  def topology(self) -> str:
-    """The shape JAX's GPU topology API takes: slices x hosts per slice x devices per
-    host.  An H100 node is an NVLink domain of its own, so a slice of one host."""
-    return f"{self.nodes}x1x{self.gpus_per_node}"
-
-
-def parse_cluster(topology: str) -> GpuCluster:
-  """'h100:2x8' -> GpuCluster('h100', 2, 8)."""
-  model, _, shape = topology.partition(":")
-  found = re.fullmatch(r"(\d+)x(\d+)", shape)
-  if model not in TARGET_CONFIGS or not found or min(map(int, found.groups())) < 1:
-    models = ", ".join(TARGET_CONFIGS)
-    raise FlagError(
-      f"--equarx_compile_for=gpu: takes MODEL:NODESxGPUS with MODEL one of {models} "
-      f"(e.g. gpu:h100:2x8, 2 nodes of 8 H100), got {'gpu:' + topology!r}"
-    )
-  return GpuCluster(model, int(found.group(1)), int(found.group(2)))
 
 
 def have_cuda_plugin() -> bool:
@@ -86,7 +52,7 @@ def have_cuda_plugin() -> bool:
 def target_config(model: str) -> str:
   """XLA's target description of the GPU `model`, as shipped in gpu_targets/."""
   here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_targets")
-  with open(os.path.join(here, TARGET_CONFIGS[model])) as f:
+  with open(os.path.join(here, GPU_TARGET_CONFIGS[model])) as f:
     return f.read()
 
 

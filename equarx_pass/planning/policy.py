@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 from typing import Any, Callable, Literal, get_args
 
@@ -315,19 +316,52 @@ class Policy:
     return " ".join(out)
 
 
+# The GPU models --equarx_compile_for=gpu:MODEL:NxG may name, and the file of XLA's
+# description of each that frontends/gpu_aot.py compiles with (frontends/gpu_targets/).
+GPU_TARGET_CONFIGS = {"h100": "h100_sxm.txtpb"}
+
+
+@dataclasses.dataclass(frozen=True)
+class GpuCluster:
+  """N nodes of G GPUs of one model: what --equarx_compile_for=gpu:MODEL:NxG names."""
+
+  model: str
+  nodes: int
+  gpus_per_node: int
+
+  @property
+  def num_devices(self) -> int:
+    return self.nodes * self.gpus_per_node
+
+  @property
+  def topology(self) -> str:
+    """The shape JAX's GPU topology API takes: slices x hosts per slice x devices per
+    host.  An H100 node is an NVLink domain of its own, so a slice of one host."""
+    return f"{self.nodes}x1x{self.gpus_per_node}"
+
+
+def parse_cluster(topology: str) -> GpuCluster:
+  """'h100:2x8' -> GpuCluster('h100', 2, 8)."""
+  model, _, shape = topology.partition(":")
+  found = re.fullmatch(r"(\d+)x(\d+)", shape)
+  if model not in GPU_TARGET_CONFIGS or not found or min(map(int, found.groups())) < 1:
+    models = ", ".join(GPU_TARGET_CONFIGS)
+    raise FlagError(
+      f"--equarx_compile_for=gpu: takes MODEL:NODESxGPUS with MODEL one of {models} "
+      f"(e.g. gpu:h100:2x8, 2 nodes of 8 H100), got {'gpu:' + topology!r}"
+    )
+  return GpuCluster(model, int(found.group(1)), int(found.group(2)))
+
+
 def _named_node_size(compile_for: str) -> int:
   """GPUs per node of --equarx_compile_for=gpu:MODEL:NxG (0 for any other target)."""
   platform, _, cluster = compile_for.partition(":")
-  if platform != "gpu":
-    return 0
-  from equarx_pass.frontends.gpu_aot import parse_cluster
-
-  return parse_cluster(cluster).gpus_per_node
+  return parse_cluster(cluster).gpus_per_node if platform == "gpu" else 0
 
 
 def parse_compile_target(spec: str) -> tuple[str, str]:
   """'tpu:v5e:2x2' -> ('tpu', 'v5e:2x2'); 'gpu:h100:2x8' -> ('gpu', 'h100:2x8'), checked
-  (gpu_aot.parse_cluster)."""
+  (parse_cluster)."""
   platform, _, topology = spec.partition(":")
   if platform not in ("tpu", "gpu") or not topology:
     raise FlagError(
@@ -335,8 +369,6 @@ def parse_compile_target(spec: str) -> tuple[str, str]:
       f"(e.g. gpu:h100:2x8), got {spec!r}"
     )
   if platform == "gpu":
-    from equarx_pass.frontends.gpu_aot import parse_cluster
-
     parse_cluster(topology)
   return platform, topology
 
