@@ -251,3 +251,25 @@ def test_the_kernel_form_compiles_for_sm_90a(tmp_path, monkeypatch):
   # JAX 0.10's XLA also dumps the PTX (0.12's does not by default): every kernel sm_90a.
   for ptx in dump.glob("*.ptx"):
     assert ".target sm_90a" in ptx.read_text()
+
+
+@pytest.mark.cuda_plugin
+def test_compile_for_keeps_the_programs_device_order():
+  """equarx_pass.jit on the cluster's devices with the node axis inner: logical ids 0 and
+  1 are devices 0 and 8, on two nodes.  --equarx_compile_for compiles with that order, so
+  its count is the report's (with logical id i on device i, each pair would share a node
+  and send nothing across)."""
+  devices = np.asarray(gpu_aot.cluster_devices("h100:2x8")).reshape(2, 8).T
+  mesh = Mesh(devices, ("gpu", "node"))
+  spec = P(("gpu", "node"))
+  psum = jax.shard_map(lambda v: jax.lax.psum(v, "node"), mesh=mesh, in_specs=spec, out_specs=spec)
+  arg = jax.ShapeDtypeStruct(
+    (16 * 16 * MiB,), jnp.float32, sharding=NamedSharding(mesh, spec)
+  )  # 64 MiB per GPU
+  fn = equarx_pass.jit(psum, flags="--equarx_enable --equarx_compile_for=gpu:h100:2x8")
+  counted = _counted(fn, arg)
+  low = fn.report.lowerings[0]
+  [record] = low.records
+  assert record.rewritten
+  assert low.tpu.cross_node_bytes == counted == record.traffic_after.slow > 0
+  assert low.tpu.original.cross_node_bytes == record.traffic_before.slow

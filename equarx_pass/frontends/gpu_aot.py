@@ -292,9 +292,18 @@ def _one_node(line: str, node_of: Sequence[int]) -> bool:
 # --- --equarx_compile_for=gpu:... ---------------------------------------------------
 
 
-def compile_for_target(module_text: str, target: str, timeout: float = COMPILE_TIMEOUT_S):
+def compile_for_target(
+  module_text: str,
+  target: str,
+  timeout: float = COMPILE_TIMEOUT_S,
+  device_ids: Sequence[int] | None = None,
+):
   """Compile `module_text` for `target` ('gpu:h100:2x8') in a child process: a
-  tpu_aot.TopologyCompile with the bytes per device the program sends across nodes."""
+  tpu_aot.TopologyCompile with the bytes per device the program sends across nodes.
+
+  device_ids: the cluster's device ids by logical id, where the program was lowered for
+  that cluster's devices (equarx_pass.jit on cluster_devices); else logical id i runs on
+  device i, node i // G, as the pass plans a file for the target."""
   from equarx_pass.frontends.tpu_aot import TopologyCompile
 
   _, _, topology = target.partition(":")
@@ -305,7 +314,8 @@ def compile_for_target(module_text: str, target: str, timeout: float = COMPILE_T
   env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   try:
     proc = subprocess.run(
-      [sys.executable, "-m", "equarx_pass.frontends.gpu_aot", target],
+      [sys.executable, "-m", "equarx_pass.frontends.gpu_aot", target]
+      + ([",".join(map(str, device_ids))] if device_ids is not None else []),
       input=module_text.encode(),
       capture_output=True,
       timeout=timeout,
@@ -326,7 +336,9 @@ def compile_for_target(module_text: str, target: str, timeout: float = COMPILE_T
   return TopologyCompile(**data)
 
 
-def _compile_in_this_process(module_text: str, target: str) -> dict:
+def _compile_in_this_process(
+  module_text: str, target: str, device_ids: Sequence[int] | None = None
+) -> dict:
   from jax.extend import backend as jax_backend
   from jax.extend.mlir import ir
 
@@ -345,7 +357,11 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
       "error": f"the module runs on {needed} devices ({facts.num_replicas} replicas x "
       f"{facts.num_partitions} partitions) but {target} has {len(devices)}"
     }
-  # Logical id i on device i: node i // G, as the pass plans a file for this target.
+  if device_ids is not None:
+    by_id = {d.id: d for d in devices}
+    if sorted(device_ids) != sorted(by_id):
+      return {"error": f"device ids {list(device_ids)} are not the devices of {target}"}
+    devices = [by_id[i] for i in device_ids]
   assignment = np.array([d.id for d in devices]).reshape(facts.num_replicas, facts.num_partitions)
   options = jax_backend.get_compile_options(
     num_replicas=facts.num_replicas,
@@ -376,13 +392,13 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) != 2:
-    print(
-      json.dumps({"error": "usage: python -m equarx_pass.frontends.gpu_aot gpu:MODEL:NxG < module"})
-    )
+  if len(argv) not in (2, 3):
+    usage = "usage: python -m equarx_pass.frontends.gpu_aot gpu:MODEL:NxG [ID,ID,...] < module"
+    print(json.dumps({"error": usage}))
     return 2
+  ids = [int(i) for i in argv[2].split(",")] if len(argv) == 3 else None
   try:
-    result = _compile_in_this_process(sys.stdin.read(), argv[1])
+    result = _compile_in_this_process(sys.stdin.read(), argv[1], ids)
   except Exception as e:  # reported to the parent, which raises CompileError
     result = {"error": f"{type(e).__name__}: {str(e).strip()[:2000]}"}
   sys.stdout.write("\n" + json.dumps(result) + "\n")

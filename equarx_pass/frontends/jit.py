@@ -378,7 +378,7 @@ class Jitted:
       _jax_private.lowered_platform(lowered),
       _jax_private.lowered_devices(lowered),
     )
-    tpu = self._compile_for_target(result.module, module)
+    tpu = self._compile_for_target(result.module, module, lowered)
     self._record(
       result.records, result.seconds, tpu, args, kwargs, note=note, topology=result.topology
     )
@@ -399,7 +399,7 @@ class Jitted:
     done = partitioned.rewrite_partitioned(
       lowered, self.policy, _jax_private.lowered_devices(lowered)
     )
-    tpu = self._compile_for_target(done.module, module)
+    tpu = self._compile_for_target(done.module, module, lowered)
     self._record(
       done.result.records,
       done.pass_seconds,
@@ -416,14 +416,19 @@ class Jitted:
       return lowered, done.compiled
     return _jax_private.lowered_with_module(lowered, done.module), None
 
-  def _compile_for_target(self, module, original):
+  def _compile_for_target(self, module, original, lowered):
     """--equarx_compile_for: the rewritten module compiled ahead of time for that
     target, beside the original (tpu_aot.compare_to_original's report), or None without
-    the flag or module."""
+    the flag or module.  A program lowered for GPU devices (a GPU cluster's compile-only
+    ones) keeps its device order there: it decides which node each logical id is on."""
     if not self.policy.compile_for or module is None:
       return None
+    devices = _jax_private.lowered_devices(lowered)
+    ids = [d.id for d in devices] if devices and devices[0].platform == "gpu" else None
     try:
-      return tpu_aot.compare_to_original(str(module), str(original), self.policy.compile_for)
+      return tpu_aot.compare_to_original(
+        str(module), str(original), self.policy.compile_for, device_ids=ids
+      )
     except CompileError as e:
       # An inspection, not the run: the program goes on; the report and a warning say
       # what could not be compiled.

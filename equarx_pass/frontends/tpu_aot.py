@@ -144,14 +144,15 @@ class TopologyCompile:
 
 
 def compile_for_target(
-  module_text: str, target: str, timeout: float = COMPILE_TIMEOUT_S
+  module_text: str, target: str, timeout: float = COMPILE_TIMEOUT_S, device_ids=None
 ) -> TopologyCompile:
-  """Compile `module_text` for `target` ('tpu:v5e:2x2', 'gpu:h100:2x8') in a child process."""
+  """Compile `module_text` for `target` ('tpu:v5e:2x2', 'gpu:h100:2x8') in a child process.
+  device_ids: for a GPU cluster, its device ids by logical id (gpu_aot.compile_for_target)."""
   platform, _ = parse_compile_target(target)
   if platform == "gpu":
     from equarx_pass.frontends import gpu_aot
 
-    return gpu_aot.compile_for_target(module_text, target, timeout)
+    return gpu_aot.compile_for_target(module_text, target, timeout, device_ids)
   if not have_libtpu():
     raise CompileError(f"cannot compile for {target}: {LIBTPU_HINT}")
   env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1")
@@ -186,13 +187,17 @@ def compile_for_target(
 
 
 def compare_to_original(
-  module_text: str, original_text: str, target: str, timeout: float = COMPILE_TIMEOUT_S
+  module_text: str,
+  original_text: str,
+  target: str,
+  timeout: float = COMPILE_TIMEOUT_S,
+  device_ids=None,
 ) -> TopologyCompile:
   """compile_for_target of the rewritten module, with the original module compiled for
   the same target beside it (TopologyCompile.original); the same text is compiled once."""
-  done = compile_for_target(module_text, target, timeout)
+  done = compile_for_target(module_text, target, timeout, device_ids)
   if original_text != module_text:
-    done.original = compile_for_target(original_text, target, timeout)
+    done.original = compile_for_target(original_text, target, timeout, device_ids)
   return done
 
 
