@@ -164,14 +164,12 @@ def replica_groups(line: str, num_devices: int) -> list[list[int]]:
     r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*\)?)\))?\s*\{([^}]*)\}", line
   )
   if found:
-    from equarx_pass.frontends.partitioned import _device_ids
-
     axes = [
       (name.strip().strip("'\""), int(size))
       for name, _, size in (a.partition("=") for a in found.group(1).split(",") if a)
     ]
     count = math.prod(size for _, size in axes)
-    order = _device_ids(found.group(2), count) if found.group(2) else tuple(range(count))
+    order = _mesh_order(found.group(2), count) if found.group(2) else list(range(count))
     grid = np.asarray(order).reshape([size for _, size in axes])
     reduced = [a.strip().strip("'\"") for a in found.group(3).split(",") if a.strip()]
     names = [name for name, _ in axes]
@@ -182,6 +180,23 @@ def replica_groups(line: str, num_devices: int) -> list[list[int]]:
   if re.search(r"replica_groups=\{\s*\}", line) or "replica_groups=" not in line:
     return [list(range(num_devices))]
   raise ValueError(f"replica groups in a form not read here: {line.strip()[:300]}")
+
+
+def _mesh_order(text: str, count: int) -> list[int]:
+  """A mesh's device_ids: `[2,4]T(1,0)` (an iota reshaped and transposed),
+  `[8]<=[2,4]T(1,0)`, or the ids listed."""
+  found = re.fullmatch(r"\s*\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?\s*", text)
+  if found is None:
+    ids = [int(i) for i in text.split(",")]
+  else:
+    source = found.group(2) or found.group(1)
+    iota = np.arange(count).reshape([int(d) for d in source.split(",")])
+    if found.group(3):
+      iota = iota.transpose([int(p) for p in found.group(3).split(",")])
+    ids = iota.reshape(-1).tolist()
+  if sorted(ids) != list(range(count)):
+    raise ValueError(f"mesh device ids {text!r} are not a permutation of {count} devices")
+  return ids
 
 
 def _sent_across(op: str, line: str, shape: str, node_of: Sequence[int]) -> np.ndarray:
@@ -297,15 +312,14 @@ def compile_for_target(
   target: str,
   timeout: float = COMPILE_TIMEOUT_S,
   device_ids: Sequence[int] | None = None,
-):
-  """Compile `module_text` for `target` ('gpu:h100:2x8') in a child process: a
-  tpu_aot.TopologyCompile with the bytes per device the program sends across nodes.
+) -> dict:
+  """Compile `module_text` for `target` ('gpu:h100:2x8') in a child process: the fields
+  of a tpu_aot.TopologyCompile but the collective counts (tpu_aot.compile_for_target
+  adds them), with the bytes per device the program sends across nodes.
 
   device_ids: the cluster's device ids by logical id, where the program was lowered for
   that cluster's devices (equarx_pass.jit on cluster_devices); else logical id i runs on
   device i, node i // G, as the pass plans a file for the target."""
-  from equarx_pass.frontends.tpu_aot import TopologyCompile
-
   _, _, topology = target.partition(":")
   parse_cluster(topology)
   if not have_cuda_plugin():
@@ -333,7 +347,7 @@ def compile_for_target(
   data = json.loads(lines[-1])
   if "error" in data:
     raise CompileError(f"compiling for {target} failed: {data['error']}")
-  return TopologyCompile(**data)
+  return data
 
 
 def _compile_in_this_process(
@@ -344,7 +358,6 @@ def _compile_in_this_process(
 
   from equarx_pass import _jax_private
   from equarx_pass.planning import match
-  from equarx_pass.frontends.tpu_aot import count_collectives
 
   _, _, topology = target.partition(":")
   devices: list[Any] = cluster_devices(topology)
@@ -387,7 +400,6 @@ def _compile_in_this_process(
     cost={},
     hlo_text=hlo_text,
     cross_node_bytes=cross_node_bytes(hlo_text, [d.process_index for d in devices]),
-    **count_collectives(hlo_text),
   )
 
 

@@ -152,7 +152,8 @@ def compile_for_target(
   if platform == "gpu":
     from equarx_pass.frontends import gpu_aot
 
-    return gpu_aot.compile_for_target(module_text, target, timeout, device_ids)
+    data = gpu_aot.compile_for_target(module_text, target, timeout, device_ids)
+    return TopologyCompile(**data, **count_collectives(data["hlo_text"]))
   if not have_libtpu():
     raise CompileError(f"cannot compile for {target}: {LIBTPU_HINT}")
   env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1")
