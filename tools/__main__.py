@@ -29,6 +29,7 @@ BENCHMARKS = {
   "bench_tpu_partitioned": "an auto-sharded FSDP step compiled for multislice TPU: DCN, compile",
   "bench_twin": "the emitted all-reduce's local work on one device, no transfers",
   "bench_wire": "wire bytes per rewritten all-reduce, counted from the rewritten module",
+  "schedule_estimate": "TPU, compile-only: a psum's time by its compiled schedule, ICI priced",
   "netbench": "all-reduce speed on emulated hosts behind a rate-limited network (root)",
   "train_bench": "a small flax LM trained on real text, jax.jit against equarx_pass.jit",
 }

@@ -1,0 +1,164 @@
+"""A compiled TPU program's time by its schedule (tpu_schedule.py): the replay's rules on
+hand-written scheduled HLO, and the cost model's prediction for a site against the replay
+of the program the TPU compiler makes of it (libtpu, compile-only)."""
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+from jax.sharding import PartitionSpec as P
+
+import equarx_pass
+from equarx_pass import tpu_aot, tpu_schedule
+from equarx_pass.platforms import LinkClass
+
+# 1 GB/s and no latency: a transfer of B bytes takes B ns.  1 GHz: a cycle is 1 ns.
+CHIP = tpu_schedule.Chip(1e9, 1e12, LinkClass("ici", 1.0, 0.0))
+CYCLES = '"estimated_cycles":"{}"'
+
+
+def program(body: str) -> str:
+  return (
+    "HloModule m, is_scheduled=true\n\n"
+    "ENTRY %main (p: s8[4000]) -> s8[4000] {\n"
+    "  %p = s8[4000]{0} parameter(0)\n" + body + "}\n"
+  )
+
+
+def fusion(name: str, operand: str, cycles: int) -> str:
+  return (
+    f"  %{name} = s8[4000]{{0}} fusion(%{operand}), kind=kLoop, calls=%f, "
+    f"backend_config={{{CYCLES.format(cycles)}}}\n"
+  )
+
+
+GATHER = "replica_groups={{0,1,2,3}}, dimensions={0}"
+
+
+def test_a_synchronous_transfer_adds_to_the_work():
+  text = program(
+    fusion("a", "p", 5000)
+    + f"  %g = s8[4000]{{0}} all-gather(%a), {GATHER}\n"
+    + fusion("b", "g", 2000)
+  )
+  est = tpu_schedule.estimate(text, CHIP)
+  # All-gather: 3/4 of its 4000-byte result leaves each chip.
+  assert est.wire_seconds == pytest.approx(3000e-9)
+  assert est.seconds == pytest.approx((5000 + 3000 + 2000) * 1e-9)
+  assert est.hidden_seconds == 0
+
+
+def test_an_asynchronous_transfer_runs_under_the_work_scheduled_inside_it():
+  text = program(
+    fusion("a", "p", 1000)
+    + f"  %s = (s8[1000]{{0}}, s8[4000]{{0}}) all-gather-start(%a), {GATHER}\n"
+    + fusion("b", "p", 2000)
+    + "  %d = s8[4000]{0} all-gather-done(%s)\n"
+    + fusion("c", "d", 500)
+  )
+  est = tpu_schedule.estimate(text, CHIP)
+  [transfer] = est.transfers
+  assert transfer.asynchronous and transfer.wire_bytes == 3000
+  # The 3 us transfer starts after a (1 us); b's 2 us hide 2 of them; c after it ends.
+  assert transfer.hidden_seconds == pytest.approx(2000e-9)
+  assert est.seconds == pytest.approx((1000 + 3000 + 500) * 1e-9)
+  assert est.core_seconds == pytest.approx(3500e-9)
+
+
+def test_the_links_carry_one_transfer_at_a_time():
+  text = program(
+    "  %s1 = (s8[4000]{0}, s8[4000]{0}) all-reduce-start(%p), replica_groups={{0,1}}, to_apply=%r\n"
+    "  %s2 = (s8[4000]{0}, s8[4000]{0}) all-reduce-start(%p), replica_groups=[1,2]<=[2], "
+    "to_apply=%r\n" + fusion("a", "p", 1000) + "  %d1 = s8[4000]{0} all-reduce-done(%s1)\n"
+    "  %d2 = s8[4000]{0} all-reduce-done(%s2)\n"
+  )
+  est = tpu_schedule.estimate(text, CHIP)
+  # Each all-reduce over 2 sends 2 (1/2) 4000 bytes: 4 us each, one after the other.
+  assert [t.wire_bytes for t in est.transfers] == [4000, 4000]
+  assert est.seconds == pytest.approx(8000e-9)
+
+
+def test_a_kernel_is_priced_by_its_bytes_and_a_loop_by_its_trips():
+  chip = tpu_schedule.Chip(1e9, 8e9, LinkClass("ici", 1.0, 0.0))
+  text = """HloModule m, is_scheduled=true
+
+%body (b: (s32[], s8[4000])) -> (s32[], s8[4000]) {
+  %b = (s32[], s8[4000]{0}) parameter(0)
+  %x = s8[4000]{0} get-tuple-element(%b), index=1
+  %k = s8[4000]{0} custom-call(%x), custom_call_target="tpu_custom_call"
+  %i = s32[] get-tuple-element(%b), index=0
+  ROOT %t = (s32[], s8[4000]{0}) tuple(%i, %k)
+}
+
+%cond (c: (s32[], s8[4000])) -> pred[] {
+  %c = (s32[], s8[4000]{0}) parameter(0)
+  %i = s32[] get-tuple-element(%c), index=0
+  %n = s32[] constant(3)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main (p: s8[4000]) -> (s32[], s8[4000]) {
+  %p = s8[4000]{0} parameter(0)
+  %zero = s32[] constant(0)
+  %init = (s32[], s8[4000]{0}) tuple(%zero, %p)
+  ROOT %w = (s32[], s8[4000]{0}) while(%init), condition=%cond, body=%body
+}
+"""
+  est = tpu_schedule.estimate(text, chip)
+  # The kernel reads and writes 4000 bytes each at 8 GB/s: 1 us, three times.
+  assert est.seconds == pytest.approx(3e-6)
+
+
+def test_what_it_cannot_price_is_an_error():
+  send = "  %s = (s8[4000]{0}, u32[], token[]) send(%p, %t), channel_id=1, is_host_transfer=true\n"
+  with pytest.raises(tpu_schedule.ScheduleError, match="host transfer"):
+    tpu_schedule.estimate(program(send), CHIP)
+  with pytest.raises(tpu_schedule.ScheduleError, match="not scheduled"):
+    tpu_schedule.estimate(program("").replace(", is_scheduled=true", ""), CHIP)
+  with pytest.raises(tpu_schedule.ScheduleError, match="no clock"):
+    tpu_schedule.clock_for("v9x:2x2")
+
+
+def psum_module(n: int, values: int, dtype):
+  mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+  f = jax.jit(
+    jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+  )
+  return f.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
+
+
+# The cost model's time for a rewritten site (its wire time plus its fitted on-chip
+# figure) against the compiled program's replay (tpu_schedule.estimate), both estimates:
+# within these bounds.  The model's on-chip figures were fitted to optimal_seconds, the
+# compiler's HBM-bandwidth bound; the replay takes the larger of that and the estimated
+# cycles per instruction, so it runs higher for the tiled form.  The native psum is the
+# same sum on both sides.
+MODEL_OVER_SCHEDULE = {"tiled": (0.6, 1.1), "kernel": (0.85, 1.25)}
+
+
+@pytest.fixture(scope="module")
+def v5e_psum():
+  """v5e:2x2's Chip, and a psum of 8 MiB of bf16 a chip with its replay's time."""
+  chip = tpu_schedule.chip_for("v5e:2x2", 4)
+  module = psum_module(4, 4 << 20, jax.numpy.bfloat16)
+  native = tpu_aot.compile_for_target(str(module), "tpu:v5e:2x2")
+  return chip, module, tpu_schedule.estimate(native.hlo_text, chip).seconds
+
+
+@pytest.mark.libtpu
+@pytest.mark.parametrize("form", ["tiled", "kernel"])
+def test_the_cost_model_agrees_with_the_schedule(form, v5e_psum):
+  chip, module, native_s = v5e_psum
+  flags = "--equarx_enable --equarx_force --equarx_platform=tpu --equarx_domains=1"
+  flags += " --equarx_form=kernel" if form == "kernel" else ""
+  result = equarx_pass.rewrite_module(module, equarx_pass.Policy.from_flags(flags))
+  [record] = result.records
+  assert record.rewritten
+  model_native = record.traffic_before.seconds(result.topology)
+  assert native_s == pytest.approx(model_native, rel=1e-3)
+  model = model_native / record.speedup
+  compiled = tpu_aot.compile_for_target(str(result.module), "tpu:v5e:2x2")
+  scheduled = tpu_schedule.estimate(compiled.hlo_text, chip).seconds
+  low, high = MODEL_OVER_SCHEDULE[form]
+  print(f"{form}: model {model * 1e6:.1f} us, schedule {scheduled * 1e6:.1f} us")
+  assert low < model / scheduled < high, (model, scheduled)

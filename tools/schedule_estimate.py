@@ -1,0 +1,177 @@
+"""TPU, on paper, with the links: a psum's time by the compiled program's own schedule.
+
+    python tools/schedule_estimate.py                       # v5e:2x2, 32 MiB bf16 and f32
+    python tools/schedule_estimate.py --topology v5e:2x2 v5e:4x4 v5p:2x2x1 --sizes 32M
+
+No TPU is used or needed: libtpu compiles a psum over all chips of each topology ahead of
+time, as it is and rewritten by each scheme (forced, in the form the pass emits for TPU),
+and equarx_pass/tpu_schedule.py replays each compiled program's schedule: the compiler's
+estimated cycles per instruction (at the generation's clock; a Pallas kernel by its bytes
+at the compiler's own HBM bandwidth), each collective's bytes per chip over the ICI
+figure the cost model uses for that generation (passed to the pass as
+--equarx_fast_link_bandwidth, so that both price the same link), asynchronous
+collectives overlapped with the work the schedule puts inside them.
+
+Per program it prints the core's time, the links' time, how much of the links' time ran
+under the core's work, the time with overlap, that over the native psum's, and the cost
+model's own prediction for the site (its native time over its speed-up) beside it.  All of
+it is ESTIMATES, the compiler's and the cost model's: nothing here measures a TPU.
+
+Writes results/schedule_estimate.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+from bench_tpu import topology_devices  # noqa: E402
+
+DEFAULT_SCHEMES = ["--equarx_enable", "--equarx_enable --equarx_form=kernel"]
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  benchlib.add_scheme_argument(ap)
+  ap.add_argument("--topology", nargs="+", default=["v5e:2x2"])
+  ap.add_argument("--sizes", nargs="+", default=["32M"], help="bytes per chip")
+  ap.add_argument("--dtypes", nargs="+", default=["bf16", "f32"])
+  ap.add_argument(
+    "--unforced",
+    action="store_true",
+    help="also each scheme without --equarx_force: what the pass decides by itself",
+  )
+  ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "schedule_estimate.json"))
+  args = ap.parse_args()
+
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+  chips = {topology: topology_devices(topology) for topology in args.topology}
+  import jax
+  import numpy as np
+
+  import equarx_pass
+  from equarx_pass import tpu_aot, tpu_schedule
+
+  jax.config.update("jax_num_cpu_devices", max(chips.values()))
+  schemes = args.scheme or DEFAULT_SCHEMES
+  rows = []
+  for topology, n in chips.items():
+    chip = tpu_schedule.chip_for(topology, n)
+    print(
+      f"{topology}: {n} chips, clock {chip.clock_hz / 1e9:g} GHz, HBM {chip.hbm_bytes_per_s / 1e9:.0f}"
+      f" GB/s (the compiler's), ICI {chip.link.gbytes_per_s:g} GB/s a chip (the cost model's)",
+      flush=True,
+    )
+    f = benchlib.psum_program(n)
+    for dtype_name in args.dtypes:
+      dtype = benchlib.jnp_dtype(dtype_name)
+      for size_text in args.sizes:
+        size = benchlib.parse_size(size_text)
+        values = size // np.dtype(dtype).itemsize
+        module = f.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
+        programs = [("", True)] + [(s, True) for s in schemes]
+        programs += [(s, False) for s in schemes] if args.unforced else []
+        native_s = None
+        for scheme, forced in programs:
+          row = dict(topology=topology, dtype=dtype_name, size=size, scheme=scheme, forced=forced)
+          mod, model_s, record = module, None, None
+          if scheme:
+            flags = f"{scheme} --equarx_min_bytes=0 --equarx_platform=tpu --equarx_domains=1"
+            flags += f" --equarx_fast_link_bandwidth={chip.link.gbytes_per_s:g}"
+            flags += " --equarx_force" if forced else ""
+            result = equarx_pass.rewrite_module(module, equarx_pass.Policy.from_flags(flags))
+            [record] = result.records
+            row.update(decision=record.decision, reason=record.reason)
+            if record.traffic_before is not None and record.speedup:
+              model_native = record.traffic_before.seconds(result.topology)
+              model_s = model_native / record.speedup if record.rewritten else model_native
+              row.update(model_native_s=model_native, model_s=model_s)
+            mod = result.module
+          try:
+            compiled = tpu_aot.compile_for_target(str(mod), f"tpu:{topology}")
+            est = tpu_schedule.estimate(compiled.hlo_text, chip)
+          except Exception as e:
+            rows.append(dict(row, error=f"{type(e).__name__}: {str(e)[:300]}"))
+            print("  " + rows[-1]["error"], flush=True)
+            continue
+          native_s = est.seconds if not scheme else native_s
+          row.update(
+            compile_s=compiled.seconds,
+            seconds=est.seconds,
+            core_s=est.core_seconds,
+            wire_s=est.wire_seconds,
+            hidden_s=est.hidden_seconds,
+            async_transfers=sum(t.asynchronous for t in est.transfers),
+            transfers=len(est.transfers),
+            optimal_seconds=compiled.on_chip_seconds,
+          )
+          if native_s:
+            row["x_native"] = est.seconds / native_s
+          rows.append(row)
+          label = benchlib.scheme_label(scheme) if scheme else "native psum"
+          if scheme and not forced:
+            label += f" ({record.decision if record else '?'})"
+          model = f"  model {model_s * 1e6:7.1f} us" if model_s is not None else ""
+          print(
+            f"  {dtype_name} {benchlib.fmt_bytes(size):>8} {label:<40} "
+            f"{est.seconds * 1e6:8.1f} us ({row.get('x_native', 1):.2f}x native){model}",
+            flush=True,
+          )
+
+  cols = [
+    "topology",
+    "dtype",
+    "size",
+    "program",
+    "core us",
+    "links us",
+    "hidden us",
+    "async/all",
+    "time us",
+    "x native",
+    "cost model us",
+    "model/schedule",
+  ]
+  table_rows = []
+  for r in rows:
+    label = benchlib.scheme_label(r["scheme"]) if r["scheme"] else "native psum"
+    if r["scheme"] and not r["forced"]:
+      label += f" (default: {r.get('decision', '?')})"
+    t = {
+      "topology": r["topology"],
+      "dtype": r["dtype"],
+      "size": benchlib.fmt_bytes(r["size"]),
+      "program": label,
+    }
+    if "error" in r:
+      t["core us"] = r["error"][:60]
+    else:
+      t.update(
+        {
+          "core us": f"{r['core_s'] * 1e6:.1f}",
+          "links us": f"{r['wire_s'] * 1e6:.1f}",
+          "hidden us": f"{r['hidden_s'] * 1e6:.1f}",
+          "async/all": f"{r['async_transfers']}/{r['transfers']}",
+          "time us": f"{r['seconds'] * 1e6:.1f}",
+          "x native": f"{r['x_native']:.2f}" if "x_native" in r else "-",
+        }
+      )
+      if r.get("model_s") is not None:
+        t["cost model us"] = f"{r['model_s'] * 1e6:.1f}"
+        t["model/schedule"] = f"{r['model_s'] / r['seconds']:.2f}"
+    table_rows.append(t)
+  print(
+    "TPU compiler estimates replayed by the compiled schedule, transfers at the cost model's "
+    "ICI figure (estimates, not measurements)"
+  )
+  print(benchlib.table(table_rows, cols))
+  benchlib.write_results(args.out, rows, table_rows, cols, targets=list(chips), chips=chips)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
