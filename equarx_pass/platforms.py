@@ -94,6 +94,9 @@ class PlatformRules:
   # On-chip cost the rewrite adds, (seconds per site, seconds per value); the kernel
   # form's where it was measured (cost.py gives each figure's command).
   compute_s: tuple[float, float] = (7e-6, 2.6e-11)
+  # and, in the tiled form, seconds per value per member of the quantized all-reduce's
+  # group (the sum over the members; from 16 of them a loop).
+  compute_per_member_s: float = 0.0
   kernel_compute_s: tuple[float, float] | None = None
   # Emission (forms.SitePlan, hierarchical.py): the forward rotation as one matmul (else
   # the model's butterflies, its bits); NaN propagated inside the combiner; the tiled
@@ -168,7 +171,8 @@ register(
     tuple(TPU_LINKS.items()),
     domain_attribute="slice_index",
     domain_source="TPU slices",
-    compute_s=(7e-6, 2.6e-11),
+    compute_s=(2e-5, 3e-11),
+    compute_per_member_s=2.6e-12,
     kernel_compute_s=(7e-7, 1.14e-11),
     tile_order=True,
     kernel_target="tpu",

@@ -1,13 +1,14 @@
 """The cost model's on-chip term against the TPU compiler's own estimates (libtpu,
 compile-only, v5e:2x2).
 
-The compiler gives two estimates, and they disagree: cost_analysis()'s optimal_seconds,
-which the model's TPU figures were fitted to, and the sum of the per-instruction
-estimated cycles (at v5e's 1.5 GHz), which runs every instruction one after the other and
-comes out 1.4x to 2x higher for the tiled form.  The model's added time for a rewritten
-psum must be within 30% of the first and between 0.4x and 1x of the second: never above
-the pessimistic sum, never far below it.  (The kernel form's Pallas kernels carry no
-estimated cycles; its figure is checked against optimal_seconds alone.)"""
+The compiler gives two estimates, and they disagree: cost_analysis()'s optimal_seconds
+(the bytes the program moves through HBM over its bandwidth), and the sum of the
+per-instruction estimated cycles (at v5e's 1.5 GHz), 1.4x to 2x higher for the tiled form.
+The tiled form's figure is fitted to the compiled schedule's replay, which takes the
+larger of the two per instruction (tests/test_tpu_schedule.py): its added time for a
+rewritten psum must lie above the first and within 30% of the second.  The kernel form's
+Pallas kernels carry no estimated cycles; its figure is fitted to, and checked against,
+optimal_seconds alone."""
 
 import jax
 import numpy as np
@@ -49,10 +50,13 @@ def test_added_on_chip_time_agrees_with_the_compiler(form, dtype):
   tpu, native = result.tpu, result.tpu.original
   rules = platforms.rules_for("tpu")
   per_site, per_value = rules.kernel_compute_s if form == "kernel" else rules.compute_s
+  if form == "tiled":
+    per_value += record.group_size * rules.compute_per_member_s
   model = per_site + nbytes // np.dtype(dtype).itemsize * per_value
   optimal = tpu.on_chip_seconds - native.on_chip_seconds
-  assert 0.7 < model / optimal < 1.3, (model, optimal)
-  if form == "tiled":
+  if form == "kernel":
+    assert 0.7 < model / optimal < 1.3, (model, optimal)
+  else:
     cycles = tpu_aot.estimated_cycles(tpu.hlo_text) - tpu_aot.estimated_cycles(native.hlo_text)
     cycles /= CLOCK_HZ
-    assert 0.4 < model / cycles <= 1.0, (model, cycles)
+    assert model > optimal and 0.7 < model / cycles < 1.3, (model, optimal, cycles)

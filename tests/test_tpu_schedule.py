@@ -127,13 +127,10 @@ def psum_module(n: int, values: int, dtype):
   return f.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
 
 
-# The cost model's time for a rewritten site (its wire time plus its fitted on-chip
-# figure) against the compiled program's replay (tpu_schedule.estimate), both estimates:
-# within these bounds.  The model's on-chip figures were fitted to optimal_seconds, the
-# compiler's HBM-bandwidth bound; the replay takes the larger of that and the estimated
-# cycles per instruction, so it runs higher for the tiled form.  The native psum is the
-# same sum on both sides.
-MODEL_OVER_SCHEDULE = {"tiled": (0.6, 1.1), "kernel": (0.85, 1.25)}
+# The cost model's time for a rewritten site (its wire time plus its on-chip figure)
+# against the compiled program's replay (tpu_schedule.estimate), both estimates: within
+# 15%.  The native psum is the same sum on both sides.
+MODEL_OVER_SCHEDULE = (0.85, 1.15)
 
 
 @pytest.fixture(scope="module")
@@ -159,6 +156,23 @@ def test_the_cost_model_agrees_with_the_schedule(form, v5e_psum):
   model = model_native / record.speedup
   compiled = tpu_aot.compile_for_target(str(result.module), "tpu:v5e:2x2")
   scheduled = tpu_schedule.estimate(compiled.hlo_text, chip).seconds
-  low, high = MODEL_OVER_SCHEDULE[form]
-  print(f"{form}: model {model * 1e6:.1f} us, schedule {scheduled * 1e6:.1f} us")
+  low, high = MODEL_OVER_SCHEDULE
   assert low < model / scheduled < high, (model, scheduled)
+
+
+@pytest.mark.libtpu
+def test_the_default_leaves_native_a_site_the_schedule_says_loses():
+  """4 MiB of f32 a chip inside v5e:2x2: the forced rewrite's replay is slower than the
+  native psum's, and the default leaves the site native."""
+  chip = tpu_schedule.chip_for("v5e:2x2", 4)
+  module = psum_module(4, 1 << 20, jax.numpy.float32)
+  flags = "--equarx_enable --equarx_min_bytes=0 --equarx_platform=tpu --equarx_domains=1"
+  native = tpu_aot.compile_for_target(str(module), "tpu:v5e:2x2")
+  forced = equarx_pass.rewrite_module(
+    module, equarx_pass.Policy.from_flags(flags + " --equarx_force")
+  )
+  compiled = tpu_aot.compile_for_target(str(forced.module), "tpu:v5e:2x2")
+  native_s = tpu_schedule.estimate(native.hlo_text, chip).seconds
+  assert tpu_schedule.estimate(compiled.hlo_text, chip).seconds > native_s
+  [record] = equarx_pass.rewrite_module(module, equarx_pass.Policy.from_flags(flags)).records
+  assert not record.rewritten and "fast links only" in record.reason

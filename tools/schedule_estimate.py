@@ -17,6 +17,12 @@ under the core's work, the time with overlap, that over the native psum's, and t
 model's own prediction for the site (its native time over its speed-up) beside it.  All of
 it is ESTIMATES, the compiler's and the cost model's: nothing here measures a TPU.
 
+--overlap-probe K adds stand-ins of a chunked two-shot site written in JAX (not what the
+pass emits): the operand in K chunks, each rounded to int8, exchanged (an all_to_all, or
+N - 1 ppermutes), summed, requantized and all_gathered, with no chunk waiting for another,
+so that the compiler is free to run one chunk's transfers under another's work.  What its
+schedule makes asynchronous says what a chunked form can expect of the compiler.
+
 Writes results/schedule_estimate.json (or --out).
 """
 
@@ -34,6 +40,47 @@ from bench_tpu import topology_devices  # noqa: E402
 DEFAULT_SCHEMES = ["--equarx_enable", "--equarx_enable --equarx_form=kernel"]
 
 
+def chunked_stand_in(jax, n: int, chunks: int, exchange: str):
+  """A psum stand-in over axis "x" of n devices: two-shot on int8 in `chunks` independent
+  chunks, each chunk's reduce-scatter an all_to_all or n - 1 ppermutes (exchange)."""
+  import numpy as np
+  from jax.sharding import Mesh, PartitionSpec as P
+
+  jnp = jax.numpy
+
+  def chunk_sum(c):
+    q = jnp.round(c.astype(jnp.float32) * 64).astype(jnp.int8).reshape(n, -1, 8, 128)
+    if exchange == "all_to_all":
+      got = jax.lax.all_to_all(q, "x", 0, 0, tiled=True)
+    else:
+      me = jax.lax.axis_index("x")
+      got = jnp.stack(
+        [q[me]]
+        + [
+          jax.lax.ppermute(q[(me + s) % n], "x", [(i, (i + s) % n) for i in range(n)])
+          for s in range(1, n)
+        ]
+      )
+    summed = jnp.round(got.astype(jnp.float32).sum(0) / n).astype(jnp.int8)
+    gathered = jax.lax.all_gather(summed, "x", tiled=True)
+    return (gathered.astype(jnp.float32) / 64).astype(c.dtype).reshape(-1)
+
+  def site(v):
+    return jnp.concatenate([chunk_sum(c) for c in jnp.split(v, chunks)])
+
+  mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+  return jax.jit(jax.shard_map(site, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+
+
+PROBES = ("all_to_all", "ppermute")
+
+
+def program_label(scheme: str) -> str:
+  if scheme.startswith("stand-in"):
+    return scheme.replace("stand-in", "chunked stand-in,")
+  return benchlib.scheme_label(scheme) if scheme else "native psum"
+
+
 def main() -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   benchlib.add_scheme_argument(ap)
@@ -44,6 +91,13 @@ def main() -> int:
     "--unforced",
     action="store_true",
     help="also each scheme without --equarx_force: what the pass decides by itself",
+  )
+  ap.add_argument(
+    "--overlap-probe",
+    type=int,
+    default=0,
+    metavar="K",
+    help="also the chunked stand-ins (all_to_all and ppermute exchanges) in K chunks",
   )
   ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "schedule_estimate.json"))
   args = ap.parse_args()
@@ -75,11 +129,17 @@ def main() -> int:
         module = f.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
         programs = [("", True)] + [(s, True) for s in schemes]
         programs += [(s, False) for s in schemes] if args.unforced else []
+        if args.overlap_probe:
+          programs += [(f"stand-in {x} x{args.overlap_probe}", True) for x in PROBES]
         native_s = None
         for scheme, forced in programs:
           row = dict(topology=topology, dtype=dtype_name, size=size, scheme=scheme, forced=forced)
           mod, model_s, record = module, None, None
-          if scheme:
+          if scheme.startswith("stand-in"):
+            exchange = scheme.split()[1]
+            program = chunked_stand_in(jax, n, args.overlap_probe, exchange)
+            mod = program.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
+          elif scheme:
             flags = f"{scheme} --equarx_min_bytes=0 --equarx_platform=tpu --equarx_domains=1"
             flags += f" --equarx_fast_link_bandwidth={chip.link.gbytes_per_s:g}"
             flags += " --equarx_force" if forced else ""
@@ -112,7 +172,7 @@ def main() -> int:
           if native_s:
             row["x_native"] = est.seconds / native_s
           rows.append(row)
-          label = benchlib.scheme_label(scheme) if scheme else "native psum"
+          label = program_label(scheme)
           if scheme and not forced:
             label += f" ({record.decision if record else '?'})"
           model = f"  model {model_s * 1e6:7.1f} us" if model_s is not None else ""
@@ -138,7 +198,7 @@ def main() -> int:
   ]
   table_rows = []
   for r in rows:
-    label = benchlib.scheme_label(r["scheme"]) if r["scheme"] else "native psum"
+    label = program_label(r["scheme"])
     if r["scheme"] and not r["forced"]:
       label += f" (default: {r.get('decision', '?')})"
     t = {

@@ -7,17 +7,21 @@ what one device sends, and on CPU hosts (k devices share a host's link) what its
 link carries divided by k.  Plain Python.
 
 On-chip cost, beyond the native all-reduce's own: seconds per site plus seconds per value
-that enters the quantized all-reduce.  Per value, not per byte: the added work (rotate,
-take block maxima, quantize, sum in f32, dequantize) is f32 arithmetic on every value
-whatever the operand's type, and the TPU estimates give the same time per value for bf16
-and f32 operands (25.7 ps at 32 MiB of either).
-  tpu  7e-6 s, 2.6e-11 s  the TPU compiler's estimates, v5e:2x2 (`python tools/bench_tpu.py
-                --scheme="--equarx_enable" --topology v5e:2x2 --sizes 256K 1M 4M 16M 128M
-                --dtypes bf16 f32`, results/tpu_sizes.json): 25.7-26.0 ps a value from
-                4 MiB of f32 and 1 MiB of bf16 up; below that a site costs more than its
-                values (1 MiB of f32: 14.0 us, 6.8 us of it by the values), hence the
-                per-site term.  Large bf16 operands cost less a value (128 MiB: 14.9 ps),
-                which this overestimates.
+that enters the quantized all-reduce (on TPU, plus seconds per value and member of its
+group).  Per value, not per byte: the added work (rotate, take block maxima, quantize, sum
+in f32, dequantize) is f32 arithmetic on every value whatever the operand's type, and the
+TPU estimates give about the same time per value for bf16 and f32 operands.
+  tpu  2e-5 s, 3e-11 s + 2.6e-12 s a member  the compiled TPU program's schedule replayed
+                (tpu_schedule.py: the compiler's cycles per instruction, or its bytes at
+                HBM speed where more) for v5e:2x2, 2x4 and 4x4 (`python
+                tools/schedule_estimate.py --topology v5e:2x2 v5e:2x4 v5e:4x4 --sizes 4M
+                32M --dtypes bf16 f32 --scheme=--equarx_enable --out
+                results/schedule_estimate_tiled.json`): the tiled form's work on the core
+                39-54 ps a value at 4 and 8 members, 67-100 ps at 16 (its sum over the
+                members a loop from 16); this fit is within 0.88x to 1.35x of each of the
+                twelve, on the high side at 8 members.  (`optimal_seconds`, the
+                compiler's HBM-traffic bound, gives 25.7 ps a value: it leaves out the
+                cycles of the arithmetic.)
   gpu  4.2e-5 s, 1.2e-11 s  an H100: the default site's own work on one device, its
                 collectives stood in locally (`python tools/bench_twin.py --platform cuda
                 --values 32M`, results/twin_cuda_32M.json): 0.63 ms for 32 Mi bf16 values
@@ -179,12 +183,14 @@ def predict(
   topology: Topology,
   sharing: int = 1,
   kernels: bool = False,
+  members: int = 0,
 ) -> Prediction:
   """Native against rewritten time; `quantized_values` enter the quantized all-reduce
-  (none: no on-chip work added); `sharing` devices of a domain send alike; `kernels`:
-  the kernel form's on-chip cost where it has one."""
+  (none: no on-chip work added) of `members` devices; `sharing` devices of a domain send
+  alike; `kernels`: the kernel form's on-chip cost where it has one."""
   rules = rules_for(topology.platform)
   per_site, per_value = rules.compute_s
+  per_value += members * rules.compute_per_member_s
   if kernels and rules.kernel_compute_s is not None:
     per_site, per_value = rules.kernel_compute_s
   compute_s = per_site + quantized_values * per_value if quantized_values else 0.0

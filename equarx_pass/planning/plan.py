@@ -57,6 +57,7 @@ class Route:
   rewritten: cost.Traffic
   quantized_values: int  # operand values that enter the quantized all-reduce
   note: str = ""  # why the route was taken over a better one, for the report
+  members: int = 0  # devices in each group of the quantized all-reduce
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -135,7 +136,13 @@ def _hierarchical(
     inside = cost.native_inside(k, nbytes, itemsize, topology.platform)
     across = cost.across(scheme.traffic(layout, site.kind, across_domains))
     return HierarchicalRoute(
-      native, inside + across, -(-values // k), scheme=scheme, levels=levels, outer=outer
+      native,
+      inside + across,
+      -(-values // k),
+      members=s,
+      scheme=scheme,
+      levels=levels,
+      outer=outer,
     )
   order = hierarchical.piece_order(site.groups, levels)
   if isinstance(order, str):
@@ -152,6 +159,7 @@ def _hierarchical(
     native,
     inside + across,
     whole_values // k,
+    members=s,
     scheme=scheme,
     levels=levels,
     outer=outer,
@@ -173,7 +181,7 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme) -
     if isinstance(why, str) and why != "inside one fast domain":
       note = f"not hierarchical: the group {why}"
   values = sum(o.size for o in site.operands)
-  return FlatRoute(native, rewritten, values, note, scheme=scheme)
+  return FlatRoute(native, rewritten, values, note, len(group), scheme=scheme)
 
 
 def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> cost.Traffic:
@@ -255,6 +263,7 @@ def _priced(
     topology,
     sharing,
     kernels=_kernel_priced(policy, scheme),
+    members=route.members,
   )
   return route, prediction
 
@@ -353,10 +362,10 @@ def _calibrated(
   rewritten = cost.priced(Declaration(wire_bytes, steps, crossing))
   native, values = cand.route.native, cand.route.quantized_values
   route = CalibratedRoute(
-    native, rewritten, values, cand.route.note, plan=site_plan, wire_bytes=wire_bytes
+    native, rewritten, values, cand.route.note, len(group), plan=site_plan, wire_bytes=wire_bytes
   )
   sharing = max((len(p) for p in topology.split(group)), default=1)
-  prediction = cost.predict(native, rewritten, values, topology, sharing)
+  prediction = cost.predict(native, rewritten, values, topology, sharing, members=len(group))
   return route, prediction
 
 
