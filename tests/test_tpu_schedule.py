@@ -9,7 +9,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass import tpu_aot, tpu_schedule
+from equarx_pass.frontends import tpu_aot, tpu_schedule
 from equarx_pass.platforms import LinkClass
 
 # 1 GB/s and no latency: a transfer of B bytes takes B ns.  1 GHz: a cycle is 1 ns.

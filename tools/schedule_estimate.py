@@ -5,7 +5,7 @@
 
 No TPU is used or needed: libtpu compiles a psum over all chips of each topology ahead of
 time, as it is and rewritten by each scheme (forced, in the form the pass emits for TPU),
-and equarx_pass/tpu_schedule.py replays each compiled program's schedule: the compiler's
+and equarx_pass/frontends/tpu_schedule.py replays each compiled program's schedule: the compiler's
 estimated cycles per instruction (at the generation's clock; a Pallas kernel by its bytes
 at the compiler's own HBM bandwidth), each collective's bytes per chip over the ICI
 figure the cost model uses for that generation (passed to the pass as
@@ -108,7 +108,7 @@ def main() -> int:
   import numpy as np
 
   import equarx_pass
-  from equarx_pass import tpu_aot, tpu_schedule
+  from equarx_pass.frontends import tpu_aot, tpu_schedule
 
   jax.config.update("jax_num_cpu_devices", max(chips.values()))
   schemes = args.scheme or DEFAULT_SCHEMES

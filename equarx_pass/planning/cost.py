@@ -11,12 +11,12 @@ that enters the quantized all-reduce (on TPU, plus seconds per value and member 
 group).  Per value, not per byte: the added work (rotate, take block maxima, quantize, sum
 in f32, dequantize) is f32 arithmetic on every value whatever the operand's type, and the
 TPU estimates give about the same time per value for bf16 and f32 operands.
-  tpu  2e-5 s, 3e-11 s + 2.6e-12 s a member  the compiled TPU program's schedule replayed
-                (tpu_schedule.py: the compiler's cycles per instruction, or its bytes at
-                HBM speed where more) for v5e:2x2, 2x4 and 4x4 (`python
-                tools/schedule_estimate.py --topology v5e:2x2 v5e:2x4 v5e:4x4 --sizes 4M
-                32M --dtypes bf16 f32 --scheme=--equarx_enable --out
-                results/schedule_estimate_tiled.json`): the tiled form's work on the core
+  tpu  2e-5 s, 3e-11 s + 2.6e-12 s a member  the compiled TPU program's schedule
+                replayed (frontends/tpu_schedule.py: the compiler's cycles per
+                instruction, or its bytes at HBM speed where more) for v5e:2x2, 2x4 and
+                4x4 (`python tools/schedule_estimate.py --topology v5e:2x2 v5e:2x4
+                v5e:4x4 --sizes 4M 32M --dtypes bf16 f32 --scheme=--equarx_enable
+                --out results/schedule_estimate_tiled.json`): the tiled form's work on the core
                 39-54 ps a value at 4 and 8 members, 67-100 ps at 16 (its sum over the
                 members a loop from 16); this fit is within 0.88x to 1.35x of each of the
                 twelve, on the high side at 8 members.  (`optimal_seconds`, the

@@ -39,7 +39,7 @@ import dataclasses
 import math
 import re
 
-from equarx_pass import hlo_text as hlo
+from equarx_pass.ir import hlo_text as hlo
 from equarx_pass.platforms import LinkClass
 
 # Clock of a TPU generation's TensorCore, by the topology name's prefix: what turns the
@@ -372,7 +372,7 @@ def chip_for(topology: str, num_devices: int, link: LinkClass | None = None) -> 
   """The Chip of a TPU topology: its clock (CLOCK_HZ), the HBM bandwidth the compiler
   itself assumes (one compile of probe_module, libtpu), the ICI link the cost model uses
   for its generation unless `link` is given."""
-  from equarx_pass import tpu_aot
+  from equarx_pass.frontends import tpu_aot
 
   probe = tpu_aot.compile_for_target(probe_module(num_devices), f"tpu:{topology}")
   seconds, nbytes = probe.cost.get("optimal_seconds"), probe.cost.get("bytes accessed")
