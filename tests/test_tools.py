@@ -89,3 +89,34 @@ def test_result_files_share_the_envelope():
     assert data["schema"] == "equarx-bench/1", name
     rows = data["results"]
     assert isinstance(rows, list) and all(isinstance(r, dict) for r in rows), name
+
+
+def test_tools_import_only_what_the_package_has():
+  """Every `from equarx_pass... import name` in tools/, function-level ones included,
+  names a module and an attribute that exist: a tool's rarely run path (a table's last
+  column, a TPU-only branch) must not break silently when the package moves."""
+  import ast
+  import importlib
+
+  missing = []
+  for name in sorted(os.listdir(TOOLS)):
+    if not name.endswith(".py"):
+      continue
+    tree = ast.parse(open(os.path.join(TOOLS, name)).read())
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("equarx_pass"):
+        module = importlib.import_module(node.module)
+        for alias in node.names:
+          if not hasattr(module, alias.name):
+            try:
+              importlib.import_module(f"{node.module}.{alias.name}")
+            except ImportError:
+              missing.append(f"tools/{name}:{node.lineno}: {node.module}.{alias.name}")
+      elif isinstance(node, ast.Import):
+        for alias in node.names:
+          if alias.name.startswith("equarx_pass"):
+            try:
+              importlib.import_module(alias.name)
+            except ImportError:
+              missing.append(f"tools/{name}:{node.lineno}: {alias.name}")
+  assert not missing, "\n".join(missing)

@@ -419,12 +419,12 @@ def added_over_saved(run: dict, native: dict) -> str:
   """The on-chip time the rewrite adds (the TPU compiler's estimated cycles at 1.5 GHz,
   loop bodies times their runs) over the DCN time it saves at the cost model's figure for
   v5e (3.125 GB/s a chip): the target is at most 1/4."""
-  from equarx_pass.topology import default_links
+  from equarx_pass.platforms import rules_for
 
   keys = ("estimated_cycles", "dcn_bytes_per_chip")
   if run is native or any(run.get(k) is None or native.get(k) is None for k in keys):
     return ""
-  dcn = default_links("tpu", "TPU v5 lite")[1]
+  dcn = rules_for("tpu").links_for("TPU v5 lite")[1]
   added = (run["estimated_cycles"] - native["estimated_cycles"]) / CLOCK_HZ
   saved = (native["dcn_bytes_per_chip"] - run["dcn_bytes_per_chip"]) / (dcn.gbytes_per_s * 1e9)
   return f"{added / saved:.2f}" if saved > 0 else ""
