@@ -69,6 +69,10 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
     wire = (f"{slow} before", f"{slow} after", f"{fast} before", f"{fast} after", MODEL_COLUMN)
   else:
     wire = ("wire before", "wire after", "ratio")
+  # With --equarx_slow_format, the format on each link class (site_records.link_formats).
+  formats = split and any(r.link_formats for r in records)
+  if formats:
+    wire += (f"{topology.slow.name} / {topology.fast.name} format",)
   header = ("#", "location", "shape", "dtype", "group", "decision", *wire, "why")
   rows = []
   for r in records:
@@ -86,6 +90,8 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
         else ("-",) * 4
       )
       cells += (f"{r.speedup:.2f}x" if r.speedup is not None else "-",)
+      if formats:
+        cells += (" / ".join(f or "-" for f in r.link_formats) if r.link_formats else "-",)
     else:
       ratio = _ratio(r.bytes_before, r.bytes_after) if r.rewritten else "-"
       cells = (fmt_bytes(_runs(r) * r.bytes_before), fmt_bytes(_runs(r) * r.bytes_after), ratio)

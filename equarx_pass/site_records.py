@@ -59,6 +59,10 @@ class SiteRecord:
   # loops.py); None: inside a loop whose trip count is not read.  The report's bytes are
   # per run of the program: a site's, times this.
   runs: int | None = 1
+  # With --equarx_slow_format: the format each link class carries for this site, (slow,
+  # fast): a wire format, "native" (the collective's own type), or "" where the site
+  # sends nothing on that class; () otherwise.
+  link_formats: tuple[str, str] | tuple[()] = ()
 
   @property
   def rewritten(self) -> bool:
@@ -87,10 +91,31 @@ def records(
   out = []
   for decision, site_runs in zip(decisions, runs):
     record = dataclasses.replace(_record(decision, policy, flat_why), runs=site_runs)
+    if policy.slow_format:
+      record = dataclasses.replace(record, link_formats=link_formats(decision))
     if kernel_form is not None and isinstance(decision, match.Candidate):
       record = _with_form(record, decision.site.index, kernel_form)
     out.append(record)
   return out
+
+
+def link_formats(decision: match.Decision) -> tuple[str, str]:
+  """(slow, fast): the format the site sends on each link class as planned; "" where it
+  sends nothing on that class."""
+  route = decision.route
+  if route is None:
+    return ("native", "native")
+  crosses = route.native.slow > 0
+  if not isinstance(decision, match.Candidate) or isinstance(route, plan.IdentityRoute):
+    quantized = "native"
+  elif isinstance(route, plan.HierarchicalRoute):
+    return (route.scheme.format, "native")
+  elif isinstance(route, plan.CalibratedRoute):
+    quantized = "int4+bf16"
+  else:
+    assert isinstance(route, plan.FlatRoute)
+    quantized = route.scheme.format
+  return (quantized if crosses else "", quantized if route.native.fast else "")
 
 
 def ring_bytes_before(site: match.Site) -> int:

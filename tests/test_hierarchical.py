@@ -7,6 +7,8 @@ bit, every rank of a group must hold the same bits, and the report must say what
 the slow links.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -218,3 +220,77 @@ def test_reduce_scatter_and_all_gather_across_domains(scheme, dimension):
   want = hierarchical.all_gather_reference(list(x), domains, policy.scheme, dimension)
   for r in range(8):
     np.testing.assert_array_equal(bits(gathered[r]), bits(want), err_msg=f"rank {r}")
+
+
+SLOW_INT4 = f"{DOMAINS} --equarx_slow_format=int4"
+
+
+@pytest.mark.parametrize("domains", [2, 4])
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16], ids=str)
+def test_slow_format_sends_int4_across_and_equals_the_model(domains, dtype):
+  """--equarx_slow_format=int4: the step across domains in int4, the model's bits on every
+  rank, half the int8 bytes on the slow links, and the report says so per link class."""
+  flags = SLOW_INT4.replace("--equarx_domains=2", f"--equarx_domains={domains}")
+  w = psum_program(("dcn", "ici"), flags)
+  x = data(3001, dtype)
+  got = np.asarray(w(sharded(x)))
+  [record] = w.report.records
+  k = 8 // domains
+  assert (
+    f"hierarchical ({domains}x{k}: native inside each domain, int4 two_shot, block 128, "
+    "hadamard 128 across)" in record.reason
+  )
+  assert record.link_formats == ("int4", "native")
+  policy = Policy.from_flags(flags)
+  across = policy.slow_scheme(policy.scheme)
+  assert across == dataclasses.replace(policy.scheme, format="int4")
+  want = hierarchical.reference(list(x), [r // k for r in range(8)], across)
+  for r in range(8):
+    np.testing.assert_array_equal(bits(got[r]), bits(want[r]), err_msg=f"rank {r}")
+  int8 = psum_program(("dcn", "ici"), flags.replace(" --equarx_slow_format=int4", ""))
+  int8(sharded(x))
+  [int8_record] = int8.report.records
+  assert record.traffic_after.slow < 0.55 * int8_record.traffic_after.slow
+  assert record.traffic_after.fast == int8_record.traffic_after.fast
+  assert "network / memory format" in str(w.report) and "int4 / native" in str(w.report)
+  assert "format" not in str(int8.report).splitlines()[2]  # the header: no such column
+
+
+def test_slow_format_where_a_flat_group_crosses_only_slow_links():
+  """A group with one member per domain sends everything across the slow links: the slow
+  format, the model's bits.  A group inside one domain, and one that spans domains
+  unevenly (its fast links carry the collective too), keep --equarx_format."""
+  x = data(1 << 14, np.float32)
+  across = psum_program(("dcn",), SLOW_INT4 + " --equarx_force")
+  got = np.asarray(across(sharded(x)))
+  [record] = across.report.records
+  assert record.route == "flat" and record.reason.startswith("int4 two_shot")
+  assert record.link_formats == ("int4", "")
+  policy = Policy.from_flags(SLOW_INT4)
+  for r in range(4):  # groups {r, r + 4}
+    want = scheme_lib.reference([x[r], x[r + 4]], policy.slow_scheme(policy.scheme))
+    np.testing.assert_array_equal(got[r], want[0])
+  inside = psum_program(("ici",), SLOW_INT4 + " --equarx_force")
+  inside(sharded(x))
+  [record] = inside.report.records
+  assert record.route == "flat" and record.reason.startswith("int8 two_shot")
+  assert record.link_formats == ("", "int8")
+  uneven = psum_program(
+    ("dcn", "ici"),
+    "--equarx_enable --equarx_min_bytes=0 --equarx_domain_devices=3 --equarx_slow_format=int4",
+  )
+  uneven(sharded(x))
+  [record] = uneven.report.records
+  assert record.route == "flat" and record.reason.startswith("int8 two_shot")
+  assert record.link_formats == ("int8", "int8")
+
+
+def test_slow_format_flag():
+  policy = Policy.from_flags("--equarx_enable --equarx_slow_format=mxint8")
+  slow = policy.slow_scheme(policy.scheme)
+  assert (slow.format, slow.block_size, slow.resolved_rotation_size) == ("mxint8", 32, 32)
+  assert Policy.from_flags(policy.to_flags()) == policy
+  plain = Policy.from_flags("--equarx_enable --equarx_slow_format=int8")
+  assert plain.slow_scheme(plain.scheme) == plain.scheme
+  with pytest.raises(equarx_pass.FlagError, match="--equarx_slow_format must be one of"):
+    Policy.from_flags("--equarx_slow_format=int3")

@@ -69,7 +69,7 @@ def test_the_policy_and_the_site_plan_follow_a_registered_platform(toy):
   cand = Candidate(site, None, layout, make_schedule(groups))
   no_traffic = cost.Traffic()
   cand = dataclasses.replace(
-    cand, route=plan.FlatRoute(no_traffic, no_traffic, 0, scheme=policy.scheme)
+    cand, route=plan.FlatRoute(no_traffic, no_traffic, 0, scheme=policy.scheme, layout=layout)
   )
   topology = topology_lib.from_size(8, "toy")
   ctx = site_patterns.RewriteContext(policy.emission, ChannelAllocator(0), topology, "toy", True)

@@ -514,12 +514,14 @@ def _check_pieces(site, op, selection, problem):
 def _check_known_divergence(site, op, selection, problem):
   """Configurations measured to break "every rank ends with the same bits": skipped
   with the reason rather than rewritten (BUILD_NOTES, "Faithfulness decisions")."""
-  scheme = selection.scheme
+  # The slow links' scheme too (--equarx_slow_format): the plan may send it across domains.
+  schemes = (selection.scheme, selection.slow_scheme)
+  int4_grid_ring = any(
+    s.fmt.bits == 4 and s.block_layout == "grid" and s.algorithm != "two_shot" for s in schemes
+  )
   if (
     site.kind == SiteKind.ALL_REDUCE
-    and scheme.fmt.bits == 4
-    and scheme.block_layout == "grid"
-    and scheme.algorithm != "two_shot"
+    and int4_grid_ring
     and (site.group_size == 2 or not rules_for(selection.platform).collectives_in_loops)
   ):
     # Written out (2 ranks: XLA inlines the one-step loops; on XLA:CPU the pass writes
@@ -560,18 +562,22 @@ def match(op: ir.Operation, index: int, facts: ModuleFacts, selection: Selection
       dimension, slice_op = piece
       scattered = dataclasses.replace(site, kind=SiteKind.REDUCE_SCATTER, dimension=dimension)
       if _check_pieces(scattered, op, selection, problem) is None:
-        layout = selection.scheme.layout(scattered.operands[0].size, site.group_size)
+        layout = site_layout(scattered, selection.scheme)
         return Candidate(scattered, op, layout, make_schedule(site.groups), slice_op)
   if site.kind == SiteKind.ALL_REDUCE and SiteKind.ALL_REDUCE not in selection.ops:
     return Skip(site, f"--equarx_ops={','.join(selection.ops)} does not select all-reduces")
   if site.kind == SiteKind.ALL_REDUCE and own_piece_slice(op, site) is not None:
     site = dataclasses.replace(site, scattered=True)
   assert site.groups is not None
+  return Candidate(site, op, site_layout(site, selection.scheme), make_schedule(site.groups))
+
+
+def site_layout(site: Site, scheme) -> ChunkLayout:
+  """The chunks of a site's quantized collective over its whole group under `scheme`."""
   total = sum(o.size for o in site.operands)
   if site.kind == SiteKind.ALL_GATHER:  # every rank's piece, as a reduce-scatter's operand
     total *= site.group_size
-  layout = selection.scheme.layout(total, site.group_size)
-  return Candidate(site, op, layout, make_schedule(site.groups))
+  return scheme.layout(total, site.group_size)
 
 
 def own_piece_slice(op: ir.Operation, site: Site) -> tuple[int, ir.Operation] | None:

@@ -34,8 +34,8 @@ from equarx_pass.emission import hierarchical, outlier, quantize_kernel
 from equarx_pass.emission.algorithms.two_shot import TWO_SHOT
 from equarx_pass.emission.outlier_emit import CalibratedPlan
 from equarx_pass.emission.scheme import Scheme
-from equarx_pass.ir.layout import GroupSchedule, make_schedule
-from equarx_pass.planning import calibration, cost
+from equarx_pass.ir.layout import ChunkLayout, GroupSchedule, make_schedule
+from equarx_pass.planning import calibration, cost, match
 from equarx_pass.planning.match import Candidate, Decision, Skip
 from equarx_pass.planning.policy import Policy
 from equarx_pass.planning.settings import DTYPE_BYTES
@@ -65,8 +65,10 @@ class FlatRoute(Route):
   """The scheme's algorithm over the whole group."""
 
   name: ClassVar[str] = "flat"
-  # The policy's, or a fallback algorithm's (FALLBACK_ALGORITHMS).
+  # The policy's, or a fallback algorithm's (FALLBACK_ALGORITHMS); with
+  # --equarx_slow_format, its format where every member is in a domain of its own.
   scheme: Scheme
+  layout: ChunkLayout  # the scheme's chunks (the candidate's, unless the format fixes others)
   # With --equarx_calibration, why this all-reduce keeps the dynamic scheme.
   not_calibrated: str = ""
 
@@ -125,6 +127,7 @@ def _hierarchical(
   levels = split_groups(site.groups, topology)
   if isinstance(levels, str) or levels.per_domain < 2:
     return None
+  scheme = policy.slow_scheme(scheme)  # only the step across domains is quantized
   nbytes, itemsize = _operand_bytes(cand)
   k, s = levels.per_domain, levels.domains
   values = sum(o.size for o in site.operands)
@@ -174,14 +177,22 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme) -
   nbytes, itemsize = _operand_bytes(cand)
   native = _native(cand, nbytes, itemsize, topology)
   domains = [topology.domain_of(d) for d in group]
-  rewritten = cost.priced(scheme.traffic(cand.layout, site.kind, domains))
+  # A group with every member in a domain of its own sends all it sends across the slow
+  # links: there --equarx_slow_format applies (a group that also spans fast links keeps
+  # --equarx_format, which its fast links would carry too).
+  layout = cand.layout
+  if all(len({topology.domain_of(d) for d in g}) == len(g) for g in site.groups):
+    slow = policy.slow_scheme(scheme)
+    if slow is not scheme:
+      scheme, layout = slow, match.site_layout(site, slow)
+  rewritten = cost.priced(scheme.traffic(layout, site.kind, domains))
   note = ""
   if site.kind == SiteKind.ALL_REDUCE and policy.hierarchy == "auto" and not policy.calibration:
     why = split_groups(site.groups, topology)
     if isinstance(why, str) and why != "inside one fast domain":
       note = f"not hierarchical: the group {why}"
   values = sum(o.size for o in site.operands)
-  return FlatRoute(native, rewritten, values, note, len(group), scheme=scheme)
+  return FlatRoute(native, rewritten, values, note, len(group), scheme=scheme, layout=layout)
 
 
 def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> cost.Traffic:
@@ -245,9 +256,12 @@ def decide(decision: Decision, policy: Policy, topology: Topology) -> Decision:
   kept = None if grows else prediction
   if loses and not policy.force:
     return Skip(decision.site, f"{loses}; left native (--equarx_force rewrites it)", route, kept)
+  layout = route.layout if isinstance(route, FlatRoute) else decision.layout
   if policy.identity:
     route = IdentityRoute(route.native, route.native, 0, route.note)
-  return dataclasses.replace(decision, route=route, prediction=kept, forced_over=loses or "")
+  return dataclasses.replace(
+    decision, route=route, prediction=kept, forced_over=loses or "", layout=layout
+  )
 
 
 def _priced(

@@ -120,6 +120,11 @@ class Policy:
   # topology.py).
   fast_link_bandwidth: float = 0.0
   slow_link_bandwidth: float = 0.0
+  # The format of what crosses only slow links ("": --equarx_format): the hierarchical
+  # route's step across domains, and a group with one member per domain.  int4 there halves
+  # the bytes again where links are slowest, while every other rewrite (a group inside one
+  # domain, a group that spans domains unevenly) keeps --equarx_format (slow_scheme).
+  slow_format: str = ""
 
   def __post_init__(self):
     if self.identity and not self.enable:
@@ -157,6 +162,7 @@ class Policy:
       ("platform", self.platform, ("auto", *PLATFORM_RULES)),
       ("form", self.form, FORMS),
       ("hierarchy", self.hierarchy, HIERARCHIES),
+      ("slow_format", self.slow_format or self.format, tuple(FORMAT_REGISTRY)),
     ):
       if value not in choices:
         raise FlagError(f"--equarx_{flag} must be one of {','.join(choices)}, got {value!r}")
@@ -164,6 +170,10 @@ class Policy:
       scheme = self._scheme(self.block_size or self._default_block(), self.rotation_size)
     except ValueError as e:
       raise FlagError(f"inconsistent --equarx_* flags: {e}") from None
+    try:
+      self.slow_scheme(scheme)
+    except ValueError as e:
+      raise FlagError(f"--equarx_slow_format={self.slow_format}: {e}") from None
     if self.form in ("tiled", "kernel") and scheme.flat_only():
       built_on = (
         " (the kernel form is the tiled form with kernels)" if self.form == "kernel" else ""
@@ -204,6 +214,7 @@ class Policy:
       policy._scheme(policy.block_size, policy.rotation_size),
       flat_why,
       policy.platform,
+      policy.slow_scheme(policy._scheme(policy.block_size, policy.rotation_size)),
     )
 
   @property
@@ -223,6 +234,19 @@ class Policy:
   def emission(self) -> EmissionSettings:
     """What the rewrite patterns read."""
     return EmissionSettings(self.platform, self.form, self.unroll_min_bytes)
+
+  def slow_scheme(self, scheme: scheme_lib.Scheme) -> scheme_lib.Scheme:
+    """`scheme` (the policy's, or a fallback algorithm's) with --equarx_slow_format: what a
+    site sends where it crosses only slow links (plan.py).  A format that fixes its block (mxint8)
+    gets that block and, rotating, a rotation of one block, as under --equarx_format."""
+    if not self.slow_format or self.slow_format == scheme.format:
+      return scheme
+    fmt = FORMAT_REGISTRY[self.slow_format]
+    if not fmt.block:
+      return dataclasses.replace(scheme, format=self.slow_format)
+    return dataclasses.replace(
+      scheme, format=self.slow_format, block_size=fmt.block, block_layout="fixed", rotation_size=0
+    )
 
   def _flat_why(self) -> str | None:
     """Why the flat form is emitted (None: the tiled form is)."""
@@ -694,6 +718,18 @@ FLAGS = {
       "slow_link_bandwidth",
       _parse_float,
       "GB/s per device between fast domains (DCN, InfiniBand, Ethernet; 0: the platform's default)",
+    ),
+    Flag(
+      "equarx_slow_format",
+      "slow_format",
+      _parse_str,
+      "the wire format of what crosses only slow links, one of `--equarx_format`'s: the "
+      "hierarchical route's step between slices or hosts, and a group with one member per "
+      "fast domain. `int4` halves the bytes on the slowest links again while every other "
+      "rewritten site keeps `--equarx_format`; the report adds each site's format per link "
+      "class",
+      metavar="F",
+      default="`--equarx_format`",
     ),
     Flag(
       "equarx_identity",

@@ -33,6 +33,8 @@ class Selection:
   scheme: Scheme
   flat_why: str | None  # why the flat form is emitted (None: the tiled form is)
   platform: str
+  # What crosses only slow links is sent with (--equarx_slow_format; else `scheme`).
+  slow_scheme: Scheme
 
 
 @dataclasses.dataclass(frozen=True)
