@@ -18,6 +18,8 @@ per chip, compiled these ways:
   hierarchical  equarx_pass.jit --equarx_force: native inside each slice, quantized across
   hierarchical_no_rotation  the same with --equarx_rotation=none (what the rotation costs)
   default       equarx_pass.jit with the default flags: the cost model decides
+  int4_across   the default with --equarx_slow_format=int4: int4 across slices only
+  int4_across_one_shot  the same with --equarx_algorithm=one_shot
 
 DCN bytes per chip are counted from the compiled program's cross-slice transfers
 (equarx_pass.frontends.tpu_aot.cross_slice_bytes); the report's own DCN bytes are printed beside them.
@@ -47,6 +49,11 @@ VARIANTS = {
     "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_rotation=none"
   ),
   "default": "--equarx_enable",
+  # int4 only across slices (--equarx_slow_format), the cost model deciding.
+  "int4_across": "--equarx_enable --equarx_slow_format=int4",
+  # The same with the one-shot (one quantization per value; the two-shot's bytes between
+  # two slices, N/2 times them beyond).
+  "int4_across_one_shot": "--equarx_enable --equarx_slow_format=int4 --equarx_algorithm=one_shot",
   # The hierarchical form with the kernel form across slices (opt-in; the estimates
   # price its Pallas kernels by the bytes they move).
   "hierarchical_kernel": (

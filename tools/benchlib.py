@@ -82,6 +82,8 @@ def scheme_label(flags: str) -> str:
     parts.append(f"for {p.platform}")
   if get("rounding", "nearest") != "nearest":
     parts.append(p.rounding)
+  if get("slow_format", "") and p.slow_format != p.format:
+    parts.append(f"{p.slow_format} across")
   ops = get("ops", ("all_reduce",))
   if tuple(ops) != ("all_reduce",):
     short = {"all_reduce": "AR", "reduce_scatter": "RS", "all_gather": "AG"}

@@ -14,9 +14,10 @@ process and reads the flags from EQUARX_FLAGS.
 Part `cpu`: MaxText's own trainer (`-m maxtext.trainers.pre_train.train`) on 8 CPU
 devices, a mesh of data 2 x fsdp 4, a tiny llama2-style model (2 layers, emb 128, vocab
 1024, batch 8 x 128), synthetic data, --steps steps (6), three runs: jax.jit, the pass
-with --int8-flags, the pass with --identity-flags.  The losses are read from MaxText's
-metrics file (full precision): identity must equal jax.jit's bit for bit at every step,
-int8 be within 1% (relative) at every step.
+with --int8-flags, the pass with --identity-flags (--cpu-runs picks), and one more per
+--cpu-run NAME=FLAGS.  The losses are read from MaxText's metrics file (full precision):
+identity must equal jax.jit's bit for bit at every step, the others be within 1%
+(relative) at every step.
 
 Part `aot`: MaxText's `train_compile` (its AOT compile for a TPU topology named like
 `v5e-8`, with compile_topology_num_slices slices; no TPU needed) of a llama2-style decoder
@@ -296,7 +297,16 @@ def cpu_part(args, work: str) -> tuple[list[dict], bool]:
       os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip(),
   }
-  runs = [("jax.jit", None), ("int8", args.int8_flags), ("identity", args.identity_flags)]
+  runs = [("jax.jit", None)]
+  runs += [
+    (name, {"int8": args.int8_flags, "identity": args.identity_flags}[name])
+    for name in args.cpu_runs
+  ]
+  for text in args.cpu_run:  # NAME=FLAGS: one more pass run, checked as int8 is
+    name, _, flags = text.partition("=")
+    if not name or not flags or name in dict(runs):
+      sys.exit(f"--cpu-run takes NAME=FLAGS with a new NAME, got {text!r}")
+    runs.append((name, flags))
   losses, rows, ok_all = {}, [], True
   for name, flags in runs:
     metrics = os.path.join(work, f"cpu_{name}.metrics.jsonl")
@@ -479,6 +489,21 @@ def main() -> int:
   parser.add_argument("--int8-flags", default=INT8_FLAGS, help="EQUARX_FLAGS of the CPU int8 run")
   parser.add_argument(
     "--identity-flags", default=IDENTITY_FLAGS, help="EQUARX_FLAGS of the CPU identity run"
+  )
+  parser.add_argument(
+    "--cpu-runs",
+    nargs="*",
+    choices=("int8", "identity"),
+    default=["int8", "identity"],
+    help="CPU: the built-in pass runs beside jax.jit (default both)",
+  )
+  parser.add_argument(
+    "--cpu-run",
+    action="append",
+    default=[],
+    metavar="NAME=FLAGS",
+    help="CPU: one more pass run with these EQUARX_FLAGS, within 1%% of jax.jit at every "
+    "step (repeat)",
   )
   parser.add_argument("--aot-flags", default=AOT_FLAGS, help="EQUARX_FLAGS of the AOT pass runs")
   parser.add_argument(
