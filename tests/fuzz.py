@@ -45,6 +45,8 @@ import sys
 import tempfile
 import time
 
+from jax_startup import without_jax_startup
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "hlo_fixtures")
 # A worker that sees this input aborts: how the tests check that crashes are caught.
@@ -483,7 +485,8 @@ def run_cli(case: Case, workdir: str) -> str | None:
     return None if os.path.exists(out) else "exit 0 without an output file"
   if proc.returncode != 2:
     return f"exit status {proc.returncode}: {proc.stderr[-300:]}"
-  if not proc.stderr.startswith(f"equarx-opt: error: {src}") or proc.stderr.count("\n") != 1:
+  stderr = without_jax_startup(proc.stderr)
+  if not stderr.startswith(f"equarx-opt: error: {src}") or stderr.count("\n") != 1:
     return f"exit 2 but stderr is not one error line naming the input: {proc.stderr[-300:]}"
   if os.path.exists(out):
     return "exit 2 but an output file was written"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
+from jax_startup import without_jax_startup
 
 import equarx_pass
 from equarx_pass.report import fmt_bytes
@@ -18,13 +19,15 @@ ENV.pop("EQUARX_FLAGS", None)
 
 
 def equarx_opt(*args, env=None):
-  return subprocess.run(
+  proc = subprocess.run(
     [sys.executable, "-m", "equarx_pass.frontends.cli", *map(str, args)],
     capture_output=True,
     text=True,
     env=env or ENV,
     timeout=300,
   )
+  proc.stderr = without_jax_startup(proc.stderr)
+  return proc
 
 
 # The MLP's psum is 64 KiB, below the default threshold.

@@ -21,6 +21,7 @@ import programs
 import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from jax_startup import without_jax_startup
 from run_module import run_per_device
 
 import equarx_pass
@@ -51,6 +52,8 @@ def equarx_opt(*commands: list, text: bool = True) -> list[subprocess.CompletedP
   done = []
   for proc in procs:
     out, err = proc.communicate(timeout=300)
+    if text:
+      err = without_jax_startup(err)
     done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
   return done
 

@@ -15,8 +15,8 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import equarx_pass
-from equarx_pass.frontends import gpu_aot
 from equarx_pass.errors import FlagError
+from equarx_pass.frontends import gpu_aot
 
 MiB = 1 << 20
 NODE_OF_2X4 = [0, 0, 0, 0, 1, 1, 1, 1]  # 2 nodes of 4 devices
