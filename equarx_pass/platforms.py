@@ -102,9 +102,11 @@ class PlatformRules:
   # the model's butterflies, its bits); NaN propagated inside the combiner; the tiled
   # form's blocks in the operand's (8, 128) tiles; small sites' codes and scales packed
   # in one payload per exchange; collectives inside loops (else every step written out);
-  # the pieces inside a domain from an all-reduce (else a reduce-scatter).
+  # the pieces inside a domain from an all-reduce (else a reduce-scatter); the tiled
+  # ring's block maxima over the rows, then the lanes (else in one reduction).
   matmul_rotation: bool = True
   nan_in_combiner: bool = True
+  block_max_in_stages: bool = False
   tile_order: bool = False
   pack_small_scales: bool = False
   collectives_in_loops: bool = True
@@ -176,6 +178,9 @@ register(
     compute_per_member_s=2.6e-12,
     kernel_compute_s=(7e-7, 1.14e-11),
     tile_order=True,
+    # libtpu writes one reduction of (8, 128) blocks out block by block: its compile
+    # time grows with the chunk (quantize_emit.block_max).
+    block_max_in_stages=True,
     kernel_target="tpu",
   )
 )

@@ -72,6 +72,7 @@ class RewriteContext:
       unrolled=unrolled,
       matmul_rotation=rules.matmul_rotation,
       nan_in_combiner=rules.nan_in_combiner,
+      block_max_in_stages=rules.block_max_in_stages,
       tile_order=rules.tile_order,
       pack_scales=rules.pack_small_scales and not unrolled,
       collectives_in_loops=rules.collectives_in_loops,

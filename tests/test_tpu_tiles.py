@@ -73,3 +73,28 @@ def test_a_nan_block_comes_back_non_finite(flags, values):
   assert not np.isfinite(sums[:, 1, 1]).any()
   sums[:, 1, 1] = 0.0
   assert np.isfinite(sums).all()
+
+
+def test_the_rings_block_maxima_in_stages_keep_the_models_bits(values):
+  """On TPU the tiled ring takes each block's maximum over its rows, then its lanes
+  (quantize_emit.block_max): two reductions in the module, the model's bits, and a NaN
+  block still non-finite."""
+  flags = "--equarx_algorithm=ring --equarx_rotation=none"
+  x = values.reshape(512, 256).copy()
+  fn, out, reason = _psum(flags, jnp.asarray(x))
+  assert "tiled form" in reason, reason
+  module = str(fn.lower(jnp.zeros((512, 256), jnp.float32)).compiler_ir())
+  # A block maximum at each of the 7 steps and at the final quantization, each in two.
+  assert module.count("across dimensions = [1, 2]") == 0
+  assert module.count("stablehlo.reduce") == 2 * 8, module.count("stablehlo.reduce")
+  model = scheme_lib.reference(
+    [x[64 * r : 64 * (r + 1)].reshape(1, -1) for r in range(8)], fn.policy.scheme
+  )
+  for r in range(8):
+    np.testing.assert_array_equal(out[64 * r : 64 * (r + 1)].reshape(-1), model[r][0])
+
+  x[65, 130] = np.nan  # device 1: value 386 of its 16384, in the first block of 1024
+  _, out, _ = _psum(flags, jnp.asarray(x))
+  sums = out.reshape(8, 16, 1024)  # every device holds the sum, 16 blocks of 1024
+  assert not np.isfinite(sums[:, 0]).any()
+  assert np.isfinite(sums[:, 1:]).all()

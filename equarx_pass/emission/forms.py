@@ -67,6 +67,9 @@ class SitePlan:
   # The block maximum's NaN guard in the reduction's combiner (TPU, GPU), not a
   # select per value (CPU: quantize_emit.block_max).
   nan_in_combiner: bool = False
+  # The tiled ring's block maxima over a block's rows, then its lanes (TPU:
+  # quantize_emit.block_max says why).
+  block_max_in_stages: bool = False
   # Blocks in the order of the operand's (8, 128) tiles where its shape has them (TPU,
   # which stores arrays so), not in its flat order (tile_grid).
   tile_order: bool = False

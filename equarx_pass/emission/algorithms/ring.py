@@ -252,7 +252,8 @@ class Ring(Algorithm):
     of the quantized chunks (the bytes the ring's all-gather steps would forward)."""
     coll, n = site.coll, site.n
     partial = self._reduce_scatter_steps(site, coll.group_rank(), 0)
-    codes, scales = site.codec.quantize(partial)  # rank r owns chunk (r + 1) mod N
+    # rank r owns chunk (r + 1) mod N
+    codes, scales = site.codec.quantize(partial, max_in_stages=site.plan.block_max_in_stages)
     # Gathered from rank N-1 (which owns chunk 0) on, the chunks arrive in their order:
     # the group listed from its last rank, no reordering afterwards.
     return site.exchange(functools.partial(coll.all_gather, first=n - 1), codes, scales)
@@ -270,7 +271,7 @@ class Ring(Algorithm):
       return em.mod(em.add_i32(index, -shift), n) if shift else index
 
     def step_fn(step: ir.Value, partial: ir.Value) -> ir.Value:
-      codes, scales = codec.quantize(partial)
+      codes, scales = codec.quantize(partial, max_in_stages=site.plan.block_max_in_stages)
       codes, scales = site.exchange(functools.partial(coll.permute, direction=1), codes, scales)
       behind = hlo.SubtractOp(em.add_i32(rank, -1 - shift), step).result
       return add(codec.dequantize(codes, scales), site.local(em.mod(behind, n)))
