@@ -24,7 +24,6 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from typing import Any, Sequence
@@ -32,6 +31,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from equarx_pass.errors import CompileError
+from equarx_pass.frontends import compile_child
+from equarx_pass.ir import hlo_text
 from equarx_pass.planning.policy import GPU_TARGET_CONFIGS, parse_cluster
 
 COMPILE_TIMEOUT_S = 600
@@ -75,32 +76,6 @@ def cluster_devices(topology: str) -> list:
 
 # --- what crosses nodes -------------------------------------------------------------
 
-# Bytes per element of the HLO element types (tuple shapes are summed over their arrays).
-_HLO_BYTES = {
-  "pred": 1,
-  "s8": 1,
-  "u8": 1,
-  "f8e4m3fn": 1,
-  "f8e5m2": 1,
-  "f8e4m3": 1,
-  "f8e5m2fnuz": 1,
-  "f8e4m3fnuz": 1,
-  "s4": 0.5,
-  "u4": 0.5,
-  "bf16": 2,
-  "f16": 2,
-  "s16": 2,
-  "u16": 2,
-  "f32": 4,
-  "s32": 4,
-  "u32": 4,
-  "f64": 8,
-  "s64": 8,
-  "u64": 8,
-  "c64": 8,
-  "c128": 16,
-}
-_ARRAY = re.compile(r"\b([a-z]+[0-9]*[a-z0-9]*)\[([0-9,]*)\]")
 COLLECTIVES = (
   "all-reduce",
   "reduce-scatter",
@@ -117,12 +92,7 @@ _INSTRUCTION = re.compile(
 
 def _bytes_of(shape: str) -> float:
   """Bytes of an HLO shape: an array, or a tuple of them (summed)."""
-  total = 0.0
-  for dtype, dims in _ARRAY.findall(shape):
-    if dtype not in _HLO_BYTES:
-      continue  # layouts' and tokens' text
-    total += _HLO_BYTES[dtype] * math.prod(int(d) for d in dims.split(",") if d)
-  return total
+  return hlo_text.shape_bytes(shape)[0]  # what it does not know is layouts' and tokens' text
 
 
 def _top_level(shape: str) -> list[str]:
@@ -324,30 +294,14 @@ def compile_for_target(
   parse_cluster(topology)
   if not have_cuda_plugin():
     raise CompileError(f"cannot compile for {target}: {PLUGIN_HINT}")
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  try:
-    proc = subprocess.run(
-      [sys.executable, "-m", "equarx_pass.frontends.gpu_aot", target]
-      + ([",".join(map(str, device_ids))] if device_ids is not None else []),
-      input=module_text.encode(),
-      capture_output=True,
-      timeout=timeout,
-      env=env,
-    )
-  except subprocess.TimeoutExpired:
-    raise CompileError(f"compiling for {target} took longer than {timeout:.0f} s") from None
-  lines = proc.stdout.decode(errors="replace").strip().splitlines()
-  if proc.returncode != 0 or not lines:
-    err = proc.stderr.decode(errors="replace").strip().splitlines()
-    tail = " | ".join(line for line in err if "error" in line.lower())[-800:] or " | ".join(
-      err[-3:]
-    )
-    raise CompileError(f"compiling for {target} failed (exit code {proc.returncode}): {tail}")
-  data = json.loads(lines[-1])
-  if "error" in data:
-    raise CompileError(f"compiling for {target} failed: {data['error']}")
-  return data
+  return compile_child.run(
+    "equarx_pass.frontends.gpu_aot",
+    module_text,
+    target,
+    [",".join(map(str, device_ids))] if device_ids is not None else [],
+    {},
+    timeout,
+  )
 
 
 def _compile_in_this_process(

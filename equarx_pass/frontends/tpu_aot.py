@@ -23,12 +23,12 @@ import json
 import math
 import os
 import re
-import subprocess
 import sys
 import time
 from typing import Any
 
 from equarx_pass.errors import CompileError
+from equarx_pass.frontends import compile_child
 from equarx_pass.planning.policy import parse_compile_target
 
 COMPILE_TIMEOUT_S = 600
@@ -156,34 +156,14 @@ def compile_for_target(
     return TopologyCompile(**data, **count_collectives(data["hlo_text"]))
   if not have_libtpu():
     raise CompileError(f"cannot compile for {target}: {LIBTPU_HINT}")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1")
-  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  env.setdefault(LIBTPU_MULTI_LOAD, "1")
-  try:
-    proc = subprocess.run(
-      [sys.executable, "-m", "equarx_pass.frontends.tpu_aot", target],
-      input=module_text.encode(),
-      capture_output=True,
-      timeout=timeout,
-      env=env,
-    )
-  except subprocess.TimeoutExpired:
-    raise CompileError(f"compiling for {target} took longer than {timeout:.0f} s") from None
-  lines = proc.stdout.decode(errors="replace").strip().splitlines()
-  if proc.returncode != 0 or not lines:
-    err = proc.stderr.decode(errors="replace").strip().splitlines()
-    tail = " | ".join(line for line in err if "error" in line.lower())[-800:] or " | ".join(
-      err[-3:]
-    )
-    how = (
-      f"killed by signal {-proc.returncode}"
-      if proc.returncode < 0
-      else f"exit code {proc.returncode}"
-    )
-    raise CompileError(f"compiling for {target} failed ({how}): {tail}")
-  data = json.loads(lines[-1])
-  if "error" in data:
-    raise CompileError(f"compiling for {target} failed: {data['error']}")
+  data = compile_child.run(
+    "equarx_pass.frontends.tpu_aot",
+    module_text,
+    target,
+    [],
+    {"TPU_SKIP_MDS_QUERY": "1", LIBTPU_MULTI_LOAD: os.environ.get(LIBTPU_MULTI_LOAD, "1")},
+    timeout,
+  )
   return TopologyCompile(**data)
 
 

@@ -36,7 +36,6 @@ of a TPU.  Plain Python over the HLO text; compiling needs libtpu (tpu_aot.py).
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 
 from equarx_pass.ir import hlo_text as hlo
@@ -48,29 +47,6 @@ from equarx_pass.platforms import LinkClass
 # 197 TFLOP/s, 4; v5p: 459 TFLOP/s, 8).  v6e publishes none that this reads: give it.
 CLOCK_HZ = {"v4": 1.05e9, "v5e": 1.5e9, "v5litepod": 1.5e9, "v5p": 1.75e9}
 
-_ITEM_BYTES = {
-  "pred": 1,
-  "token": 0,
-  "s4": 0.5,
-  "u4": 0.5,
-  "s8": 1,
-  "u8": 1,
-  "f8e4m3fn": 1,
-  "f8e5m2": 1,
-  "bf16": 2,
-  "f16": 2,
-  "s16": 2,
-  "u16": 2,
-  "f32": 4,
-  "s32": 4,
-  "u32": 4,
-  "f64": 8,
-  "s64": 8,
-  "u64": 8,
-  "c64": 8,
-  "c128": 16,
-}
-_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
 _OP = re.compile(r"\s([a-z][\w\-]*)\(")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
@@ -150,11 +126,9 @@ def clock_for(topology: str) -> float:
 
 def array_bytes(type_text: str) -> float:
   """Bytes of an HLO type ('bf16[16,128]{...}' or a tuple of them)."""
-  total = 0.0
-  for element, dims in _ARRAY.findall(type_text):
-    if element not in _ITEM_BYTES:
-      raise ScheduleError(f"unknown HLO element type {element!r} in {type_text[:120]!r}")
-    total += _ITEM_BYTES[element] * math.prod(int(d) for d in dims.split(",") if d)
+  total, unknown = hlo.shape_bytes(type_text)
+  if unknown:
+    raise ScheduleError(f"unknown HLO element type {unknown[0]!r} in {type_text[:120]!r}")
   return total
 
 

@@ -9,6 +9,7 @@ instructions times the runs of that computation.
 
 from __future__ import annotations
 
+import math
 import re
 
 _HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) .*\{\s*$")
@@ -108,3 +109,44 @@ def executions(text: str) -> dict[str, int]:
   if entry is not None:
     visit(entry, 1)
   return counts
+
+
+# Bytes per element of XLA's HLO element types.
+ELEMENT_BYTES = {
+  "pred": 1,
+  "token": 0,
+  "s4": 0.5,
+  "u4": 0.5,
+  "s8": 1,
+  "u8": 1,
+  "f8e4m3fn": 1,
+  "f8e5m2": 1,
+  "f8e4m3": 1,
+  "f8e5m2fnuz": 1,
+  "f8e4m3fnuz": 1,
+  "bf16": 2,
+  "f16": 2,
+  "s16": 2,
+  "u16": 2,
+  "f32": 4,
+  "s32": 4,
+  "u32": 4,
+  "f64": 8,
+  "s64": 8,
+  "u64": 8,
+  "c64": 8,
+  "c128": 16,
+}
+_ARRAY = re.compile(r"\b([a-z]+[0-9a-z]*)\[([0-9,]*)\]")
+
+
+def shape_bytes(text: str) -> tuple[float, list[str]]:
+  """Bytes of the arrays an HLO shape names ('bf16[16,128]{1,0}', or a tuple of them,
+  summed), and the element types in it that ELEMENT_BYTES does not know (not counted)."""
+  total, unknown = 0.0, []
+  for element, dims in _ARRAY.findall(text):
+    if element not in ELEMENT_BYTES:
+      unknown.append(element)
+      continue
+    total += ELEMENT_BYTES[element] * math.prod(int(d) for d in dims.split(",") if d)
+  return total, unknown
