@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import math
 import os
 import re
 import sys
@@ -33,6 +32,7 @@ import numpy as np
 from equarx_pass.errors import CompileError
 from equarx_pass.frontends import compile_child
 from equarx_pass.ir import hlo_text
+from equarx_pass.ir.hlo_text import replica_groups
 from equarx_pass.planning.policy import GPU_TARGET_CONFIGS, parse_cluster
 
 COMPILE_TIMEOUT_S = 600
@@ -110,63 +110,6 @@ def _top_level(shape: str) -> list[str]:
     else:
       current += ch
   return parts + [current.strip()]
-
-
-def replica_groups(line: str, num_devices: int) -> list[list[int]]:
-  """The groups of a collective instruction's text, in XLA's three spellings: explicit
-  `{{0,1},{2,3}}`, iota `[2,2]<=[4]` (or `[2,2]<=[2,2]T(1,0)`), and over a mesh
-  `mesh['a'=2,'b'=2], device_ids=(...) {'a'}`; `{}` is every device in one group."""
-  found = re.search(r"replica_groups=\{((?:\{[\d,\s]*\},?\s*)+)\}", line)
-  if found:
-    return [
-      [int(x) for x in group.split(",") if x.strip()]
-      for group in re.findall(r"\{([\d,\s]*)\}", found.group(1))
-    ]
-  found = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
-  if found:
-    shape = [int(x) for x in found.group(1).split(",")]
-    ids = np.arange(math.prod(int(x) for x in found.group(2).split(",")))
-    ids = ids.reshape([int(x) for x in found.group(2).split(",")])
-    if found.group(3):
-      ids = ids.transpose([int(x) for x in found.group(3).split(",")])
-    return ids.reshape(shape).tolist()
-  found = re.search(
-    r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(([^)]*\)?)\))?\s*\{([^}]*)\}", line
-  )
-  if found:
-    axes = [
-      (name.strip().strip("'\""), int(size))
-      for name, _, size in (a.partition("=") for a in found.group(1).split(",") if a)
-    ]
-    count = math.prod(size for _, size in axes)
-    order = _mesh_order(found.group(2), count) if found.group(2) else list(range(count))
-    grid = np.asarray(order).reshape([size for _, size in axes])
-    reduced = [a.strip().strip("'\"") for a in found.group(3).split(",") if a.strip()]
-    names = [name for name, _ in axes]
-    keep = [i for i, n in enumerate(names) if n not in reduced]
-    over = [names.index(n) for n in reduced]
-    size = math.prod(axes[i][1] for i in over)
-    return grid.transpose(keep + over).reshape(-1, size).tolist()
-  if re.search(r"replica_groups=\{\s*\}", line) or "replica_groups=" not in line:
-    return [list(range(num_devices))]
-  raise ValueError(f"replica groups in a form not read here: {line.strip()[:300]}")
-
-
-def _mesh_order(text: str, count: int) -> list[int]:
-  """A mesh's device_ids: `[2,4]T(1,0)` (an iota reshaped and transposed),
-  `[8]<=[2,4]T(1,0)`, or the ids listed."""
-  found = re.fullmatch(r"\s*\[([\d,]+)\](?:<=\[([\d,]+)\])?(?:T\(([\d,]+)\))?\s*", text)
-  if found is None:
-    ids = [int(i) for i in text.split(",")]
-  else:
-    source = found.group(2) or found.group(1)
-    iota = np.arange(count).reshape([int(d) for d in source.split(",")])
-    if found.group(3):
-      iota = iota.transpose([int(p) for p in found.group(3).split(",")])
-    ids = iota.reshape(-1).tolist()
-  if sorted(ids) != list(range(count)):
-    raise ValueError(f"mesh device ids {text!r} are not a permutation of {count} devices")
-  return ids
 
 
 def _sent_across(op: str, line: str, shape: str, node_of: Sequence[int]) -> np.ndarray:

@@ -51,8 +51,6 @@ _OP = re.compile(r"\s([a-z][\w\-]*)\(")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _DECLARED_BYTES = re.compile(r'"cost_estimate":\{[^}]*"bytes_accessed":"(\d+)"')
-_GROUPS_LIST = re.compile(r"replica_groups=\{\{([0-9,]*)\}")
-_GROUPS_IOTA = re.compile(r"replica_groups=\[([0-9,]+)\]<=")
 COLLECTIVES = ("all-reduce", "all-gather", "all-to-all", "reduce-scatter", "collective-permute")
 # Instructions that only name data or move it between a chip's own memories.
 _FREE = (
@@ -181,14 +179,15 @@ def _instructions(lines: list[str]) -> list[_Instruction]:
 
 
 def group_size(line: str) -> int:
-  """The size of a collective's groups, from its replica_groups."""
-  listed = _GROUPS_LIST.search(line)
-  if listed:
-    return len(listed.group(1).split(","))
-  iota = _GROUPS_IOTA.search(line)
-  if iota:
-    return int(iota.group(1).split(",")[-1])
-  raise ScheduleError(f"no replica groups read in {line.strip()[:160]!r}")
+  """The size of a collective's groups, from its replica_groups (hlo_text.replica_groups:
+  listed, iota or over a mesh)."""
+  try:
+    groups = hlo.replica_groups(line, 0)
+  except ValueError as e:
+    raise ScheduleError(str(e)) from None
+  if not groups or not groups[0]:
+    raise ScheduleError(f"no replica groups read in {line.strip()[:160]!r}")
+  return len(groups[0])
 
 
 def wire_bytes(op: str, line: str, operand_bytes: float, result_bytes: float) -> float:
