@@ -20,11 +20,9 @@ and the node of each device (cross_node_bytes).
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import sys
-import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -250,39 +248,18 @@ def compile_for_target(
 def _compile_in_this_process(
   module_text: str, target: str, device_ids: Sequence[int] | None = None
 ) -> dict:
-  from jax.extend import backend as jax_backend
-  from jax.extend.mlir import ir
-
-  from equarx_pass import _jax_private
-  from equarx_pass.planning import match
 
   _, _, topology = target.partition(":")
   devices: list[Any] = cluster_devices(topology)
-  context = _jax_private.make_ir_context()
-  module = ir.Module.parse(module_text, context=context)
-  facts = match.module_facts(module)
-  needed = facts.num_partitions * facts.num_replicas
-  if needed != len(devices):
-    return {
-      "error": f"the module runs on {needed} devices ({facts.num_replicas} replicas x "
-      f"{facts.num_partitions} partitions) but {target} has {len(devices)}"
-    }
   if device_ids is not None:
     by_id = {d.id: d for d in devices}
     if sorted(device_ids) != sorted(by_id):
       return {"error": f"device ids {list(device_ids)} are not the devices of {target}"}
     devices = [by_id[i] for i in device_ids]
-  assignment = np.array([d.id for d in devices]).reshape(facts.num_replicas, facts.num_partitions)
-  options = jax_backend.get_compile_options(
-    num_replicas=facts.num_replicas,
-    num_partitions=facts.num_partitions,
-    device_assignment=assignment,
-  )
-  start = time.perf_counter()
-  executable = devices[0].client.compile(
-    module, executable_devices=_jax_private.device_list(devices), compile_options=options
-  )
-  seconds = time.perf_counter() - start
+  compiled = compile_child.compile_here(module_text, devices, target)
+  if isinstance(compiled, dict):
+    return compiled
+  executable, seconds = compiled
   hlo_text = "\n".join(m.to_string() for m in executable.hlo_modules())
   try:
     stats = executable.get_compiled_memory_stats()
@@ -301,17 +278,13 @@ def _compile_in_this_process(
 
 
 def main(argv: list[str]) -> int:
-  if len(argv) not in (2, 3):
-    usage = "usage: python -m equarx_pass.frontends.gpu_aot gpu:MODEL:NxG [ID,ID,...] < module"
-    print(json.dumps({"error": usage}))
-    return 2
-  ids = [int(i) for i in argv[2].split(",")] if len(argv) == 3 else None
-  try:
-    result = _compile_in_this_process(sys.stdin.read(), argv[1], ids)
-  except Exception as e:  # reported to the parent, which raises CompileError
-    result = {"error": f"{type(e).__name__}: {str(e).strip()[:2000]}"}
-  sys.stdout.write("\n" + json.dumps(result) + "\n")
-  return 0
+  usage = "usage: python -m equarx_pass.frontends.gpu_aot gpu:MODEL:NxG [ID,ID,...] < module"
+
+  def compile_fn(module_text: str, target: str, ids: str | None = None) -> dict:
+    device_ids = [int(i) for i in ids.split(",")] if ids is not None else None
+    return _compile_in_this_process(module_text, target, device_ids)
+
+  return compile_child.child_main(argv, usage, (2, 3), compile_fn)
 
 
 if __name__ == "__main__":

@@ -19,12 +19,10 @@ compile fails with a CompileError that says so.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import re
 import sys
-import time
 from typing import Any
 
 from equarx_pass.errors import CompileError
@@ -298,37 +296,14 @@ _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 
 
 def _compile_in_this_process(module_text: str, target: str) -> dict:
-  import numpy as np
   from jax.experimental import topologies
-  from jax.extend import backend as jax_backend
-  from jax.extend.mlir import ir
-
-  from equarx_pass import _jax_private
-  from equarx_pass.planning import match
 
   _, topology = parse_compile_target(target)
   devices: list[Any] = topologies.get_topology_desc(topology, "tpu").devices
-  context = _jax_private.make_ir_context()
-  module = ir.Module.parse(module_text, context=context)
-  facts = match.module_facts(module)
-  needed = facts.num_partitions * facts.num_replicas
-  if needed != len(devices):
-    return {
-      "error": f"the module runs on {needed} devices ({facts.num_replicas} replicas x "
-      f"{facts.num_partitions} partitions) but {topology} has {len(devices)}"
-    }
-  assignment = np.array([d.id for d in devices]).reshape(facts.num_replicas, facts.num_partitions)
-  options = jax_backend.get_compile_options(
-    num_replicas=facts.num_replicas,
-    num_partitions=facts.num_partitions,
-    device_assignment=assignment,
-  )
-  client = devices[0].client
-  start = time.perf_counter()
-  executable = client.compile(
-    module, executable_devices=_jax_private.device_list(devices), compile_options=options
-  )
-  seconds = time.perf_counter() - start
+  compiled = compile_child.compile_here(module_text, devices, topology)
+  if isinstance(compiled, dict):
+    return compiled
+  executable, seconds = compiled
   hlo_text = "\n".join(m.to_string() for m in executable.hlo_modules())
   cost = executable.cost_analysis() if hasattr(executable, "cost_analysis") else {}
   if isinstance(cost, list):
@@ -354,17 +329,8 @@ def _compile_in_this_process(module_text: str, target: str) -> dict:
 
 def main(argv: list[str]) -> int:
   os.environ.setdefault(LIBTPU_MULTI_LOAD, "1")  # before libtpu loads (see the docstring)
-  if len(argv) != 2:
-    print(
-      json.dumps({"error": "usage: python -m equarx_pass.frontends.tpu_aot tpu:TOPOLOGY < module"})
-    )
-    return 2
-  try:
-    result = _compile_in_this_process(sys.stdin.read(), argv[1])
-  except Exception as e:  # reported to the parent, which raises CompileError
-    result = {"error": f"{type(e).__name__}: {str(e).strip()[:2000]}"}
-  sys.stdout.write("\n" + json.dumps(result) + "\n")
-  return 0
+  usage = "usage: python -m equarx_pass.frontends.tpu_aot tpu:TOPOLOGY < module"
+  return compile_child.child_main(argv, usage, (2,), _compile_in_this_process)
 
 
 if __name__ == "__main__":
