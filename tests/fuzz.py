@@ -45,7 +45,10 @@ import sys
 import tempfile
 import time
 
-from jax_startup import without_jax_startup
+# Run as a script under PYTHONSAFEPATH (as CI does), Python leaves this file's folder off
+# sys.path; its sibling module is found from here.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from jax_startup import without_jax_startup  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(ROOT, "hlo_fixtures")
