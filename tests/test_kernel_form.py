@@ -264,3 +264,23 @@ def test_parts_compile_for_tpu(monkeypatch):
     if " copy(" in line and "bf16[256,1024]" in line.split("=")[1]
   ]
   assert not copies, copies
+
+
+def _predicted_speedup(values: int, form: str) -> float:
+  mesh = Mesh(np.array(jax.devices()[:4]), ("x",))
+  program = jax.jit(
+    jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
+  )
+  module = str(program.lower(jax.ShapeDtypeStruct((4 * values,), jnp.float32)).as_text())
+  flags = TPU_FORM + f"--equarx_compile_for=tpu:v5e:2x2 --equarx_form={form}"
+  (record,) = equarx_pass.transform_text(module, equarx_pass.Policy.from_flags(flags)).records
+  assert record.rewritten and record.speedup is not None, record.reason
+  return record.speedup
+
+
+def test_a_site_the_kernels_decline_is_priced_as_the_tiled_form():
+  # 256 values a device: chunks below one tile of (8, 128), which the kernels decline.
+  small = _predicted_speedup(256, "kernel")
+  assert small == _predicted_speedup(256, "tiled")
+  # 1 Mi values: the kernels take it, at their own (lower) on-chip figure.
+  assert _predicted_speedup(1 << 20, "kernel") > _predicted_speedup(1 << 20, "tiled")

@@ -30,7 +30,7 @@ from typing import Callable, ClassVar, Sequence
 
 import numpy as np
 
-from equarx_pass.emission import hierarchical, outlier, quantize_kernel
+from equarx_pass.emission import forms, hierarchical, outlier, quantize_kernel, rotation
 from equarx_pass.emission.algorithms.two_shot import TWO_SHOT
 from equarx_pass.emission.outlier_emit import CalibratedPlan
 from equarx_pass.emission.scheme import Scheme
@@ -39,6 +39,7 @@ from equarx_pass.planning import calibration, cost, match
 from equarx_pass.planning.match import Candidate, Decision, Skip
 from equarx_pass.planning.policy import Policy
 from equarx_pass.planning.settings import DTYPE_BYTES
+from equarx_pass.platforms import rules_for
 from equarx_pass.site_kind import SiteKind
 from equarx_pass.topology import Levels, Topology, split_groups
 from equarx_pass.traffic import Declaration
@@ -81,6 +82,7 @@ class HierarchicalRoute(Route):
   scheme: Scheme
   levels: Levels
   outer: GroupSchedule  # the schedule of the groups across domains (levels.outer)
+  layout: ChunkLayout  # the chunks of the quantized step across domains
   # A reduce-scatter's or all-gather's ranks in (position, domain) order; () for an
   # all-reduce.
   order: tuple[int, ...] = ()
@@ -146,6 +148,7 @@ def _hierarchical(
       scheme=scheme,
       levels=levels,
       outer=outer,
+      layout=layout,
     )
   order = hierarchical.piece_order(site.groups, levels)
   if isinstance(order, str):
@@ -166,6 +169,7 @@ def _hierarchical(
     scheme=scheme,
     levels=levels,
     outer=outer,
+    layout=layout,
     order=order,
   )
 
@@ -276,21 +280,36 @@ def _priced(
     route.quantized_values,
     topology,
     sharing,
-    kernels=_kernel_priced(policy, scheme),
+    kernels=_kernel_priced(policy, scheme, route, cand, topology.platform),
     members=route.members,
   )
   return route, prediction
 
 
-def _kernel_priced(policy: Policy, scheme: Scheme) -> bool:
-  """Whether sites get the kernel form's on-chip cost: --equarx_form=kernel with a scheme
-  the kernels take (two-shot, quantize_kernel.format_why_not; a site's shape can still
-  keep it tiled, which the report then says)."""
-  return (
-    policy.form == "kernel"
-    and scheme.algo.quantizes_chunks_once
-    and not quantize_kernel.format_why_not(scheme.fmt.name, scheme.rounding == "stochastic")
+def _kernel_priced(
+  policy: Policy, scheme: Scheme, route: Route, cand: Candidate, platform: str
+) -> bool:
+  """Whether the site gets the kernel form's on-chip cost: --equarx_form=kernel with a
+  scheme (two-shot, int8 to nearest) and chunks the kernels take.  A site they decline is
+  emitted in the tiled form, so it is priced as one: a kernel's figure there would make a
+  losing rewrite look like a win."""
+  if policy.form != "kernel" or not scheme.algo.quantizes_chunks_once:
+    return False
+  if not isinstance(route, (FlatRoute, HierarchicalRoute)):
+    return False
+  tile, block_dims = forms.tile_shape(route.layout.chunk, route.layout.block, scheme.fmt.bits)
+  rotation_size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
+  why = quantize_kernel.why_not(
+    scheme.fmt.name,
+    scheme.rounding == "stochastic",
+    tile,
+    block_dims,
+    rotation_size,
+    rules_for(platform).matmul_rotation,
   )
+  # 16-bit floats enter the kernels as they are; a TPU has no f16 arithmetic.
+  f16 = platform == "tpu" and any(o.dtype == "f16" for o in cand.site.operands)
+  return not why and not f16
 
 
 def calibrated_routes(
