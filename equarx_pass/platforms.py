@@ -97,13 +97,16 @@ class PlatformRules:
   # and, in the tiled form, seconds per value per member of the quantized all-reduce's
   # group (the sum over the members; from 16 of them a loop).
   compute_per_member_s: float = 2.6e-12
+  # and, in the tiled form with blocks of several rows of lanes (no rotation's default),
+  # seconds per value more than with blocks of one row: for 16-bit operands, for f32.
+  blocks_of_rows_compute_s: tuple[float, float] = (0.0, 0.0)
   kernel_compute_s: tuple[float, float] | None = None
   # Emission (forms.SitePlan, hierarchical.py): the forward rotation as one matmul (else
   # the model's butterflies, its bits); NaN propagated inside the combiner; the tiled
   # form's blocks in the operand's (8, 128) tiles; small sites' codes and scales packed
   # in one payload per exchange; collectives inside loops (else every step written out);
-  # the pieces inside a domain from an all-reduce (else a reduce-scatter); the tiled
-  # ring's block maxima over the rows, then the lanes (else in one reduction).
+  # the pieces inside a domain from an all-reduce (else a reduce-scatter);
+  # the tiled form's block maxima over the rows, then the lanes (else in one reduction).
   matmul_rotation: bool = True
   nan_in_combiner: bool = True
   block_max_in_stages: bool = False
@@ -176,6 +179,7 @@ register(
     domain_source="TPU slices",
     compute_s=(2e-5, 3e-11),
     compute_per_member_s=2.6e-12,
+    blocks_of_rows_compute_s=(2.2e-11, 1.2e-11),
     kernel_compute_s=(7e-7, 1.14e-11),
     tile_order=True,
     # libtpu writes one reduction of (8, 128) blocks out block by block: its compile

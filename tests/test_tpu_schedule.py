@@ -156,14 +156,25 @@ def model_seconds(result) -> tuple[float, float]:
 
 
 @pytest.mark.libtpu
-def test_the_tiled_form_agrees_with_the_schedule_and_stays_native_where_it_loses(v5e):
-  """4 MiB of f32 a chip inside v5e:2x2: the model's time for the forced rewrite is the
+@pytest.mark.parametrize(
+  "dtype,scheme",
+  [
+    (jax.numpy.float32, ""),  # blocks of one row of lanes, rotated
+    # Blocks of 8 rows of lanes (PlatformRules.blocks_of_rows_compute_s).
+    (jax.numpy.float32, " --equarx_rotation=none"),
+    (jax.numpy.bfloat16, " --equarx_rotation=none"),
+  ],
+)
+def test_the_tiled_form_agrees_with_the_schedule_and_stays_native_where_it_loses(
+  v5e, dtype, scheme
+):
+  """4 MiB a chip inside v5e:2x2: the model's time for the forced rewrite is the
   replay's within 15%, the replay is slower than the native psum's, and the default
   leaves the site native."""
-  module = psum_module(4, 1 << 20, jax.numpy.float32)
+  module = psum_module(4, (4 << 20) // np.dtype(dtype).itemsize, dtype)
   native_s = scheduled_seconds(module, v5e)
   forced = equarx_pass.rewrite_module(
-    module, equarx_pass.Policy.from_flags(FLAGS + " --equarx_force")
+    module, equarx_pass.Policy.from_flags(FLAGS + scheme + " --equarx_force")
   )
   model_native, model = model_seconds(forced)
   assert native_s == pytest.approx(model_native, rel=1e-3)
@@ -171,7 +182,8 @@ def test_the_tiled_form_agrees_with_the_schedule_and_stays_native_where_it_loses
   low, high = MODEL_OVER_SCHEDULE
   assert low < model / scheduled < high, (model, scheduled)
   assert scheduled > native_s
-  [record] = equarx_pass.rewrite_module(module, equarx_pass.Policy.from_flags(FLAGS)).records
+  policy = equarx_pass.Policy.from_flags(FLAGS + scheme)
+  [record] = equarx_pass.rewrite_module(module, policy).records
   assert not record.rewritten and "fast links only" in record.reason
 
 

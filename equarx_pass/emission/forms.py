@@ -67,7 +67,7 @@ class SitePlan:
   # The block maximum's NaN guard in the reduction's combiner (TPU, GPU), not a
   # select per value (CPU: quantize_emit.block_max).
   nan_in_combiner: bool = False
-  # The tiled ring's block maxima over a block's rows, then its lanes (TPU:
+  # The tiled form's block maxima over a block's rows, then its lanes (TPU:
   # quantize_emit.block_max says why).
   block_max_in_stages: bool = False
   # Blocks in the order of the operand's (8, 128) tiles where its shape has them (TPU,
@@ -214,7 +214,14 @@ class TiledSite:
     # int4 bytes pair the halves of a block's rows where it has an even number of them,
     # else the halves of its lanes.
     pair_rows = block_dims == 2 and self.tile[-2] % 2 == 0
-    self.codec = TileCodec(em, self.fmt, block_dims, -2 if pair_rows else -1, plan.nan_in_combiner)
+    self.codec = TileCodec(
+      em,
+      self.fmt,
+      block_dims,
+      -2 if pair_rows else -1,
+      plan.nan_in_combiner,
+      plan.block_max_in_stages,
+    )
     self._kernels = plan.quantize_kernels
     if self._kernels is not None:
       why = quantize_kernel.why_not(

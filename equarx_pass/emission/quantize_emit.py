@@ -316,24 +316,25 @@ class TileCodec:
     block_dims: int,
     pack_axis: int,
     nan_in_combiner: bool = False,
+    max_in_stages: bool = False,
   ):
     self.em, self.fmt, self.block_dims = em, fmt, block_dims
     self.packs = fmt.bits == 4
     self.pack_axis = pack_axis
     self.nan_in_combiner = nan_in_combiner  # block_max's form
+    # A block of rows and lanes takes its maximum over the rows, then the lanes
+    # (block_max's `in_stages`), in every algorithm that quantizes such blocks.
+    self.max_in_stages = max_in_stages
 
-  def quantize(
-    self, x: ir.Value, max_of: ir.Value | None = None, max_in_stages: bool = False
-  ) -> tuple[ir.Value, ir.Value]:
+  def quantize(self, x: ir.Value, max_of: ir.Value | None = None) -> tuple[ir.Value, ir.Value]:
     """f32 [..., R, S, W] -> codes (int8 bytes) and the scales as they travel [..., R].
 
     `max_of`: the same values computed a second time, whose block maxima set the scales.
-    `max_in_stages`: the block maxima over the rows, then the lanes (block_max).
     A block's codes need its maximum first, so the values are read twice; where both
     reads are of one computed x, a TPU writes x to memory and reads it back; each read of
     its own computation is fused with it instead (TiledSite.quantize_chunks)."""
     codes, scale = quantize_blocks(
-      self.em, self.fmt, x, self.block_dims, max_of, self.nan_in_combiner, max_in_stages
+      self.em, self.fmt, x, self.block_dims, max_of, self.nan_in_combiner, self.max_in_stages
     )
     codes = self._pack(codes) if self.packs else codes
     return codes, self.fmt.emit_wire_scales(self.em, scale)

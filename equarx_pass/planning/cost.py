@@ -21,7 +21,12 @@ TPU estimates give about the same time per value for bf16 and f32 operands.
                 members a loop from 16); this fit is within 0.88x to 1.35x of each of the
                 twelve, on the high side at 8 members.  (`optimal_seconds`, the
                 compiler's HBM-traffic bound, gives 25.7 ps a value: it leaves out the
-                cycles of the arithmetic.)
+                cycles of the arithmetic.)  Blocks of several rows of lanes (no rotation)
+                add 22 ps a value for 16-bit operands and 12 ps for f32
+                (blocks_of_rows_compute_s; `python tools/schedule_estimate.py --topology
+                v5e:2x2 v5e:4x4 --sizes 4M 32M --dtypes bf16 f32 --unforced
+                --scheme="--equarx_enable --equarx_rotation=none"
+                --out results/schedule_estimate_rows.json`).
   gpu  4.2e-5 s, 1.2e-11 s  an H100: the default site's own work on one device, its
                 collectives stood in locally (`python tools/bench_twin.py --platform cuda
                 --values 32M`, results/twin_cuda_32M.json): 0.63 ms for 32 Mi bf16 values
@@ -184,13 +189,19 @@ def predict(
   sharing: int = 1,
   kernels: bool = False,
   members: int = 0,
+  blocks_of_rows: int = 0,
 ) -> Prediction:
   """Native against rewritten time; `quantized_values` enter the quantized all-reduce
   (none: no on-chip work added) of `members` devices; `sharing` devices of a domain send
-  alike; `kernels`: the kernel form's on-chip cost where it has one."""
+  alike; `kernels`: the kernel form's on-chip cost where it has one; `blocks_of_rows`:
+  the operand's bytes a value where the tiled form's blocks are several rows of lanes
+  (forms.tile_shape), else 0."""
   rules = rules_for(topology.platform)
   per_site, per_value = rules.compute_s
   per_value += members * rules.compute_per_member_s
+  if blocks_of_rows:
+    narrow, wide = rules.blocks_of_rows_compute_s
+    per_value += narrow if blocks_of_rows == 2 else wide
   if kernels and rules.kernel_compute_s is not None:
     per_site, per_value = rules.kernel_compute_s
   compute_s = per_site + quantized_values * per_value if quantized_values else 0.0

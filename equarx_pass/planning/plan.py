@@ -274,20 +274,35 @@ def _priced(
   route = route_of(cand, policy, topology, scheme)
   group = cand.site.groups[0] if cand.site.groups else ()
   sharing = max((len(p) for p in topology.split(group)), default=1)
+  tiles = _tiles(scheme, route)
+  kernels = tiles is not None and _kernel_priced(policy, scheme, tiles, cand, topology.platform)
   prediction = cost.predict(
     route.native,
     route.rewritten,
     route.quantized_values,
     topology,
     sharing,
-    kernels=_kernel_priced(policy, scheme, route, cand, topology.platform),
+    kernels=kernels,
     members=route.members,
+    blocks_of_rows=_operand_bytes(cand)[1] if tiles and tiles[1] == 2 and not kernels else 0,
   )
   return route, prediction
 
 
+def _tiles(scheme: Scheme, route: Route) -> tuple[tuple[int, ...], int] | None:
+  """The tiled form's chunk shape and block dimensions for the route's quantized step
+  (forms.tile_shape); None where the route has no dynamic quantized step."""
+  if not isinstance(route, (FlatRoute, HierarchicalRoute)):
+    return None
+  return forms.tile_shape(route.layout.chunk, route.layout.block, scheme.fmt.bits)
+
+
 def _kernel_priced(
-  policy: Policy, scheme: Scheme, route: Route, cand: Candidate, platform: str
+  policy: Policy,
+  scheme: Scheme,
+  tiles: tuple[tuple[int, ...], int],
+  cand: Candidate,
+  platform: str,
 ) -> bool:
   """Whether the site gets the kernel form's on-chip cost: --equarx_form=kernel with a
   scheme (two-shot, int8 to nearest) and chunks the kernels take.  A site they decline is
@@ -295,15 +310,11 @@ def _kernel_priced(
   losing rewrite look like a win."""
   if policy.form != "kernel" or not scheme.algo.quantizes_chunks_once:
     return False
-  if not isinstance(route, (FlatRoute, HierarchicalRoute)):
-    return False
-  tile, block_dims = forms.tile_shape(route.layout.chunk, route.layout.block, scheme.fmt.bits)
   rotation_size = scheme.resolved_rotation_size if scheme.rotation != rotation.NONE else 0
   why = quantize_kernel.why_not(
     scheme.fmt.name,
     scheme.rounding == "stochastic",
-    tile,
-    block_dims,
+    *tiles,
     rotation_size,
     rules_for(platform).matmul_rotation,
   )

@@ -253,7 +253,7 @@ class Ring(Algorithm):
     coll, n = site.coll, site.n
     partial = self._reduce_scatter_steps(site, coll.group_rank(), 0)
     # rank r owns chunk (r + 1) mod N
-    codes, scales = site.codec.quantize(partial, max_in_stages=site.plan.block_max_in_stages)
+    codes, scales = site.codec.quantize(partial)
     # Gathered from rank N-1 (which owns chunk 0) on, the chunks arrive in their order:
     # the group listed from its last rank, no reordering afterwards.
     return site.exchange(functools.partial(coll.all_gather, first=n - 1), codes, scales)
@@ -271,7 +271,7 @@ class Ring(Algorithm):
       return em.mod(em.add_i32(index, -shift), n) if shift else index
 
     def step_fn(step: ir.Value, partial: ir.Value) -> ir.Value:
-      codes, scales = codec.quantize(partial, max_in_stages=site.plan.block_max_in_stages)
+      codes, scales = codec.quantize(partial)
       codes, scales = site.exchange(functools.partial(coll.permute, direction=1), codes, scales)
       behind = hlo.SubtractOp(em.add_i32(rank, -1 - shift), step).result
       return add(codec.dequantize(codes, scales), site.local(em.mod(behind, n)))
