@@ -179,7 +179,7 @@ register(
     domain_source="TPU slices",
     compute_s=(2e-5, 3e-11),
     compute_per_member_s=2.6e-12,
-    blocks_of_rows_compute_s=(2.2e-11, 1.2e-11),
+    blocks_of_rows_compute_s=(1.5e-11, 1.2e-11),
     kernel_compute_s=(7e-7, 1.14e-11),
     tile_order=True,
     # libtpu writes one reduction of (8, 128) blocks out block by block: its compile

@@ -22,8 +22,9 @@ TPU estimates give about the same time per value for bf16 and f32 operands.
                 twelve, on the high side at 8 members.  (`optimal_seconds`, the
                 compiler's HBM-traffic bound, gives 25.7 ps a value: it leaves out the
                 cycles of the arithmetic.)  Blocks of several rows of lanes (no rotation)
-                add 22 ps a value for 16-bit operands and 12 ps for f32
-                (blocks_of_rows_compute_s; `python tools/schedule_estimate.py --topology
+                add 15 ps a value for 16-bit operands and 12 ps for f32
+                (blocks_of_rows_compute_s; between libtpu 0.0.42.1 and 0.0.50.1,
+                BUILD_NOTES; `python tools/schedule_estimate.py --topology
                 v5e:2x2 v5e:4x4 --sizes 4M 32M --dtypes bf16 f32 --unforced
                 --scheme="--equarx_enable --equarx_rotation=none"
                 --out results/schedule_estimate_rows.json`).
