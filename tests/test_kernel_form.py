@@ -272,7 +272,7 @@ def _predicted_speedup(values: int, form: str) -> float:
     jax.shard_map(lambda v: jax.lax.psum(v, "x"), mesh=mesh, in_specs=P("x"), out_specs=P("x"))
   )
   module = str(program.lower(jax.ShapeDtypeStruct((4 * values,), jnp.float32)).as_text())
-  flags = TPU_FORM + f"--equarx_compile_for=tpu:v5e:2x2 --equarx_form={form}"
+  flags = TPU_FORM + f"--equarx_form={form}"
   (record,) = equarx_pass.transform_text(module, equarx_pass.Policy.from_flags(flags)).records
   assert record.rewritten and record.speedup is not None, record.reason
   return record.speedup
