@@ -101,6 +101,9 @@ class PlatformRules:
   # seconds per value more than with blocks of one row: for 16-bit operands, for f32.
   blocks_of_rows_compute_s: tuple[float, float] = (0.0, 0.0)
   kernel_compute_s: tuple[float, float] | None = None
+  # The kernel form's two-shot by collective-permutes of packed chunks inside fast
+  # links (quantize_kernel.KernelExchange.PERMUTES), else by all-to-all and all-gather.
+  kernel_permutes: bool = False
   # Emission (forms.SitePlan, hierarchical.py): the forward rotation as one matmul (else
   # the model's butterflies, its bits); NaN propagated inside the combiner; the tiled
   # form's blocks in the operand's (8, 128) tiles; small sites' codes and scales packed
@@ -181,6 +184,7 @@ register(
     compute_per_member_s=2.6e-12,
     blocks_of_rows_compute_s=(1.5e-11, 1.2e-11),
     kernel_compute_s=(7e-7, 1.14e-11),
+    kernel_permutes=True,
     tile_order=True,
     # libtpu writes one reduction of (8, 128) blocks out block by block: its compile
     # time grows with the chunk (quantize_emit.block_max).

@@ -25,7 +25,7 @@ from equarx_pass.emission import hierarchical
 from equarx_pass.emission.all_gather import emit_all_gather
 from equarx_pass.emission.forms import Pieces, SitePlan
 from equarx_pass.emission.outlier_emit import emit_calibrated_allreduce
-from equarx_pass.emission.quantize_kernel import QuantizeKernels
+from equarx_pass.emission.quantize_kernel import KernelExchange, QuantizeKernels
 from equarx_pass.ir.hlo_builder import ChannelAllocator, Emitter
 from equarx_pass.planning import match, plan
 from equarx_pass.planning.settings import EmissionSettings
@@ -81,6 +81,9 @@ class RewriteContext:
       quantize_kernels=self.kernels
       if site.kind == SiteKind.ALL_GATHER or scheme.algo.quantizes_chunks_once
       else None,
+      kernel_exchange=cand.route.kernel_exchange
+      if isinstance(cand.route, plan.FlatRoute)
+      else KernelExchange.COLLECTIVES,
     )
 
 

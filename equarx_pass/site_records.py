@@ -24,7 +24,8 @@ from equarx_pass.site_kind import SiteKind
 Verdict = Literal["rewritten", "skipped"]
 
 # (stage, why not: "" where the kernel ran) for each kernel a site's emission asked for,
-# and ("parts", how many) for a site taken in parts (quantize_kernel.QuantizeKernels.notes).
+# ("parts", how many) for a site taken in parts and ("exchange", how) for two-shot's
+# exchange where the plan chose the permutes (quantize_kernel.QuantizeKernels.notes).
 KernelNotes = Sequence[tuple[str, str]]
 
 
@@ -274,7 +275,8 @@ def _with_form(record: SiteRecord, index: int, kernel_form: KernelForm) -> SiteR
     notes = [("quantize", kernel_form.why_not)]
   notes = notes or []
   parts = "".join(f", in {n} parts" for stage, n in notes if stage == "parts")
-  notes = [(stage, why) for stage, why in notes if stage != "parts"]
+  parts += "".join(f", {how}" for stage, how in notes if stage == "exchange")
+  notes = [(stage, why) for stage, why in notes if stage not in ("parts", "exchange")]
   ran = [stage for stage, why in notes if not why]
   declined = [(stage, why) for stage, why in notes if why]
   if ran:

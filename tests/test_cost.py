@@ -5,6 +5,7 @@ import pytest
 
 from equarx_pass import platforms
 from equarx_pass import topology as topology_lib
+from equarx_pass.emission.quantize_kernel import KernelExchange
 from equarx_pass.planning import cost
 from equarx_pass.traffic import Declaration
 
@@ -81,10 +82,29 @@ def test_prediction_adds_the_on_chip_work_per_site_and_per_value():
 def test_the_kernel_form_has_its_own_figure_where_measured():
   native = cost.Traffic(slow=1 << 20, slow_steps=1)
   tpu = _topology("tpu", 4)
-  kernels = cost.predict(native, native, 1 << 20, tpu, kernels=True).compute_s
+  collectives = KernelExchange.COLLECTIVES
+  kernels = cost.predict(native, native, 1 << 20, tpu, kernels=collectives).compute_s
   tiled = cost.predict(native, native, 1 << 20, tpu).compute_s
   assert kernels < tiled
   gpu = _topology("gpu", 4)  # not timed there: priced as the tiled form
-  assert cost.predict(native, native, 10, gpu, kernels=True).compute_s == pytest.approx(
+  assert cost.predict(native, native, 10, gpu, kernels=collectives).compute_s == pytest.approx(
     cost.predict(native, native, 10, gpu).compute_s
   )
+
+
+def test_the_permuted_exchange_leaves_part_of_the_kernels_outside_its_transfers():
+  native = cost.Traffic(fast=1 << 20, fast_steps=1)
+  tpu = _topology("tpu", 4)
+  whole = cost.predict(native, native, 1 << 20, tpu, kernels=KernelExchange.COLLECTIVES)
+  permuted = cost.predict(
+    native, native, 1 << 20, tpu, kernels=KernelExchange.PERMUTES, members=4, itemsize=2
+  )
+  share = cost.permuted_exposed_share(4, 2)
+  assert permuted.compute_s == pytest.approx(whole.compute_s * share)
+  # One chunk's quantize and dequantize and the sum, by the bytes each moves a value:
+  # 2 (2 + 1.03125) / 4 + 1.03125 * 5 / 4 of 2 (2 + 1.03125) + 1.03125 * 5 / 4.
+  assert share == pytest.approx(2.80469 / 7.35156, rel=1e-4)
+  # More members: smaller chunks outside the transfers; wider values: more of the work in
+  # the chunks' kernels.
+  assert cost.permuted_exposed_share(16, 2) < share < cost.permuted_exposed_share(2, 2)
+  assert cost.permuted_exposed_share(4, 4) < share

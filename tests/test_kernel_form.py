@@ -152,6 +152,80 @@ def test_parts_are_chained_and_written_in_place(monkeypatch):
   assert out.count("output_operand_aliases") == 3
 
 
+PERMUTED = "Pallas interpreter, collective-permutes of packed chunks)"
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("shape", [(256, 1024), (262144,)])
+def test_the_permuted_exchange_equals_the_tiled_form_bit_for_bit(shape, scheme, dtype):
+  # 4 ranks of 256 tiles: chunks of 64 tiles, the permuted exchange (a 2-D operand read
+  # in its columns of tiles, a flat one in order).
+  rng = np.random.default_rng(11)
+  x = rng.standard_normal((4, *shape)).astype(np.float32)
+  flat = x.reshape(4, -1)
+  flat[1, 300:428] *= 1e4
+  flat[2, 5000] = np.inf
+  flat[3, 70000] = np.nan
+  flat[0, 1024:1152] = 0.0
+  mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+  outs, reasons = {}, {}
+  for form in ("tiled", "kernel"):
+    fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=f"{TPU_FORM}{scheme} --equarx_form={form}")
+    outs[form] = np.asarray(fn(jnp.asarray(x.reshape(-1, *shape[1:]), dtype)).astype(jnp.float32))
+    (record,) = fn.report.records
+    reasons[form] = record.reason
+  assert reasons["kernel"].endswith(PERMUTED), reasons["kernel"]
+  assert reasons["tiled"].endswith("; tiled form")
+  _same_bits(outs["kernel"], outs["tiled"])
+  assert np.isnan(outs["kernel"]).any() and np.isfinite(outs["kernel"]).mean() > 0.9
+
+
+def test_the_permuted_exchange_sends_each_chunk_by_one_permute():
+  flags = "--equarx_platform=tpu --equarx_domains=1"  # one slice: fast links only
+  result = _kernel_form(_lowered_psum("tpu", rows=256), flags)
+  assert result.records[0].reason.endswith(
+    "(Pallas quantize + sum + dequantize, Mosaic, collective-permutes of packed chunks)"
+  ), result.records[0].reason
+  text = result.text
+  # 3 permutes each way over 4 devices, nothing else on the wire; a quantize and a
+  # dequantize kernel a chunk, one sum, each dequantize after the first in place.
+  assert text.count('"stablehlo.collective_permute"') == 6
+  assert "all_to_all" not in text and "all_gather" not in text
+  calls = [line for line in text.splitlines() if "func.call @equarx_" in line]
+  stages = [c.split("@equarx_")[1].split("_")[0] for c in calls]
+  assert stages == ["quantize"] * 4 + ["sum"] + ["dequantize"] * 4
+  assert text.count("output_operand_aliases") == 3
+
+
+@pytest.mark.parametrize(
+  "platform,flags,ends",
+  [
+    ("cuda", "--equarx_platform=gpu --equarx_domains=1", "Triton)"),  # no scalar operands
+    ("tpu", "--equarx_platform=tpu", "Mosaic)"),  # each device a domain of its own
+  ],
+)
+def test_the_collectives_stay_on_gpu_and_across_domains(platform, flags, ends):
+  result = _kernel_form(_lowered_psum(platform, rows=256), flags)
+  assert result.records[0].reason.endswith(ends), result.records[0].reason
+  assert "collective_permute" not in result.text and "all_to_all" in result.text
+
+
+@pytest.mark.parametrize(
+  "tiles,members,columns,why",
+  [
+    (256, 4, 0, ""),
+    (256, 4, 8, ""),  # 32 tiles a column: steps of 32
+    (64, 4, 0, "steps of 16 tiles"),
+    (4096, 32, 0, "32 members, not 2 to 16"),
+  ],
+)
+def test_where_the_permuted_exchange_applies(tiles, members, columns, why):
+  got = quantize_kernel.permuted_why_not("tpu", tiles, members, columns)
+  assert (why in got) if why else not got, got
+  assert quantize_kernel.permuted_why_not("cuda", tiles, members, columns)
+
+
 @pytest.mark.parametrize("scales_by_diagonal", [False, True])
 def test_quantize_tiles_is_the_int8_model(scales_by_diagonal):
   rng = np.random.default_rng(3)
@@ -249,6 +323,18 @@ def test_the_kernels_compile_for_tpu(target):
   # Mosaic compiles each kernel for the chip: a kernel it cannot build fails the compile.
   assert result.tpu.hlo_text.count('custom_call_target="tpu_custom_call"') == 3
   assert result.tpu.quantized_collectives >= 2
+
+
+@pytest.mark.libtpu
+@pytest.mark.parametrize("target", ["tpu:v5e:2x2", "tpu:v4:2x2x1"])
+def test_the_permuted_kernels_compile_for_tpu(target):
+  devices = 8 if target.startswith("tpu:v4") else 4
+  text = _lowered_psum("tpu", devices=devices, rows=256)
+  result = _kernel_form(text, f"--equarx_compile_for={target}")
+  assert "collective-permutes of packed chunks" in result.records[0].reason
+  hlo = result.tpu.hlo_text
+  assert hlo.count('custom_call_target="tpu_custom_call"') == 2 * devices + 1
+  assert "all-to-all" not in hlo and "all-gather" not in hlo
 
 
 @pytest.mark.libtpu

@@ -84,6 +84,9 @@ class SitePlan:
   # (sum_quantized) and dequantize (finish) as Pallas kernels where they can take the
   # site (quantize_kernel.py); given only for algorithms that quantize their chunks once.
   quantize_kernels: QuantizeKernels | None = None
+  # How the kernel form's two-shot moves its chunks (the plan's choice, which a site's
+  # shape can still turn back to the collectives: TiledSite.permuted).
+  kernel_exchange: quantize_kernel.KernelExchange = quantize_kernel.KernelExchange.COLLECTIVES
 
   @property
   def rotation_size(self) -> int:
@@ -264,6 +267,21 @@ class TiledSite:
         tiles = plan.layout.padded // (SUBLANES * LANES)
         itemsize = ir.FloatType(entry).width // 8
         self.parts = self._kernels.parts_for(tiles, self.n, itemsize, self._columns)
+    # The permuted exchange (KernelExchange.PERMUTES) where the plan chose it and the
+    # kernels can take the site whole.
+    self.permuted = False
+    permutes = quantize_kernel.KernelExchange.PERMUTES
+    if self._kernels is not None and plan.kernel_exchange is permutes:
+      why = "a reduce-scatter or all-gather" if pieces is not None else ""
+      why = why or ("the operands in parts" if self.parts > 1 else "")
+      why = why or ("several element types" if not single else "")
+      tiles = plan.layout.padded // (SUBLANES * LANES)
+      why = why or self._kernels.permuted_why_not(tiles, self.n, str(entry), self._columns)
+      self.permuted = not why
+      exchange = (
+        permutes.value if not why else f"{quantize_kernel.KernelExchange.COLLECTIVES.value}: {why}"
+      )
+      self._kernels.notes.append(("exchange", exchange))
     if self._columns:
       lead, rows, cols = self.tiles  # type: ignore[misc]
       x = em.reshape(em.convert(operands[0], entry), (lead * rows * SUBLANES, cols * LANES))
@@ -363,6 +381,49 @@ class TiledSite:
       return self.codec.quantize(x)
     barrier = hlo.OptimizationBarrierOp([self._unrotated]).results[0]
     return self.codec.quantize(self._rotate(barrier), max_of=x)
+
+  def permuted_rank(self) -> ir.Value:
+    """This device's rank in its group, i32 [1]: the permuted kernels' scalar operand."""
+    return self.em.reshape(self.coll.group_rank(), (1,))
+
+  def quantize_permuted(self, rank: ir.Value) -> list[ir.Value]:
+    """The permuted exchange's start: every chunk quantized and packed, the k-th the one
+    to send k ranks on (chunk rank + k)."""
+    assert self._kernels is not None and self.permuted
+    matrix = self._matrix(self._unrotated) if self.size else None
+    return self._kernels.quantize_permuted(
+      self.em, self._unrotated, matrix, rank, self.n, self._columns
+    )
+
+  def sum_permuted(self, received: list[ir.Value], rank: ir.Value) -> ir.Value:
+    """The packed chunks received (the s-th from s ranks back, the 0-th this rank's own)
+    summed in group order and packed again."""
+    assert self._kernels is not None
+    tiles = self.layout.padded // (SUBLANES * LANES)
+    return self._kernels.sum_permuted(self.em, received, rank, tiles, self._columns)
+
+  def dequantize_permuted(self, gathered: list[ir.Value], rank: ir.Value) -> ir.Value:
+    """The packed sums gathered (the k-th from k ranks back) -> all the values, in the
+    layout the site took them in (finish_values ends it)."""
+    assert self._kernels is not None
+    em = self.em
+    kinds = {t.element_type for t in self.types}
+    element = kinds.pop() if len(kinds) == 1 else em.f32
+    tiles = self.layout.padded // (SUBLANES * LANES)
+    return self._kernels.dequantize_permuted(
+      em, gathered, rank, tiles, element, self._inverse_rotation(), self._columns
+    )
+
+  def _inverse_rotation(self) -> tuple[ir.Value, ir.Value] | None:
+    """The dequantize kernels' (H, the signs as [8, 128]), f32; None without a rotation."""
+    if not self.size:
+      return None
+    em = self.em
+    signs = np.broadcast_to(rotation.signs(self.size), (SUBLANES, self.size))
+    return (
+      rotation_emit.matrix(em, self.size, False, em.f32),
+      em.const(np.ascontiguousarray(signs, np.float32), em.f32),
+    )
 
   def sum_quantized(self, codes: ir.Value, scales: ir.Value) -> tuple[ir.Value, ir.Value] | None:
     """The kernel form's sum: the N received pieces' codes [N, *tile] and scales summed in
@@ -527,13 +588,7 @@ class TiledSite:
     em = self.em
     kinds = {t.element_type for t in self.types}
     element = kinds.pop() if len(kinds) == 1 else em.f32
-    inverse = None
-    if self.size:
-      signs = np.broadcast_to(rotation.signs(self.size), (SUBLANES, self.size))
-      inverse = (
-        rotation_emit.matrix(em, self.size, False, em.f32),
-        em.const(np.ascontiguousarray(signs, np.float32), em.f32),
-      )
+    inverse = self._inverse_rotation()
     scales = self.codec.scales(scales)
     return self._kernels.dequantize(
       em, codes, scales, element, inverse, self._columns, into, self._part, self.parts

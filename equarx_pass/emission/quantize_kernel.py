@@ -31,14 +31,16 @@ inside it (BUILD_NOTES, "A kernel is priced by the bytes it reads and writes").
 from __future__ import annotations
 
 import copy
+import enum
 import functools
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from jax.extend.mlir import ir
 from jax.extend.mlir.dialects import func
 
 from equarx_pass import _jax_private
+from equarx_pass.emission import packed_scales
 from equarx_pass.ir.hlo_builder import Emitter, shape_of
 from equarx_pass.ir.outline import fresh_symbol
 from equarx_pass.platforms import named_by_jax, rules_for
@@ -181,11 +183,14 @@ def _lower(
   outputs,
   flops,
   aliases: dict[int, int] | None = None,
+  rank: bool = False,
 ) -> str:
   """pallas_call of `kernel` over `grid`, lowered for `target`: the StableHLO module's
   text.  inputs and outputs: a Spec per operand and result (a block shape that is a
   memory space: the whole array, left where it is); aliases: operand -> result written
-  in place."""
+  in place.  rank: the first operand is the device's rank in its group, i32 [1], a
+  scalar the index maps take after the grid's ids (scalar prefetch; TPU and the
+  interpreter)."""
   import jax
   import jax.numpy as jnp
   from jax.experimental import pallas as pl
@@ -194,6 +199,8 @@ def _lower(
     return [jax.ShapeDtypeStruct(shape, jnp.dtype(dtype)) for shape, dtype, _, _ in specs]
 
   args, results = shapes(inputs), shapes(outputs)
+  if rank:
+    args = [jax.ShapeDtypeStruct((1,), jnp.int32), *args]
   # What the kernel reads and writes, which is what XLA's cost model knows of it: the
   # TPU compiler's estimate gives a Mosaic kernel without one a fixed cost whatever its
   # operands (3.02 us for 8 and 16 MiB alike).
@@ -203,15 +210,26 @@ def _lower(
     from jax.experimental.pallas import triton as pallas_triton
 
     params = pallas_triton.CompilerParams()
+  in_specs = [
+    pl.BlockSpec(memory_space=block) if index is None else pl.BlockSpec(block, index)
+    for _, _, block, index in inputs
+  ]
+  out_specs = [pl.BlockSpec(block, index) for _, _, block, index in outputs]
+  layout: dict[str, Any]
+  if rank:
+    from jax.experimental.pallas import tpu as pltpu
+
+    layout = dict(
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs
+      )
+    )
+  else:
+    layout = dict(grid=grid, in_specs=in_specs, out_specs=out_specs)
   call = pl.pallas_call(
     kernel,
-    grid=grid,
-    in_specs=[
-      pl.BlockSpec(memory_space=block) if index is None else pl.BlockSpec(block, index)
-      for _, _, block, index in inputs
-    ],
+    **layout,
     input_output_aliases=aliases or {},
-    out_specs=[pl.BlockSpec(block, index) for _, _, block, index in outputs],
     out_shape=results,
     interpret=target == "interpret",
     compiler_params=params,
@@ -400,6 +418,212 @@ def dequantize_module(
   return _lower(target, "equarx_dequantize", kernel, where.grid, inputs, outputs, flops, aliases)
 
 
+class KernelExchange(enum.Enum):
+  """How the kernel form's two-shot moves its chunks between the kernels."""
+
+  # An all-to-all of codes and one of scales, a sum kernel over the N pieces stacked,
+  # two all-gathers: the TPU compiler makes them synchronous, nothing overlaps.
+  COLLECTIVES = "all-to-all and all-gather"
+  # N - 1 collective-permutes a phase, each of one chunk's codes with its scales packed
+  # in (packed_scales.py); a quantize kernel per chunk, a sum kernel taking the N
+  # received chunks as N operands, a dequantize kernel per gathered chunk writing it in
+  # place: the compiler runs each permute under the next chunk's kernel.
+  PERMUTES = "collective-permutes of packed chunks"
+
+
+# The permuted exchange's sum kernel holds one branch per rank, each summing the N
+# chunks in group order: N * N terms of code, and 2 (N - 1) collective-permutes.
+PERMUTE_MAX_MEMBERS = 16
+
+
+def permuted_step(tiles: int, members: int, columns: int = 0) -> int:
+  """Tiles per grid step of the permuted exchange's kernels (all three share it: it is
+  the packed chunks' layout): a divisor of a chunk's tiles and, with `columns`, of a
+  column's; at most 256 KiB of codes, and 1 MiB over all the sum kernel's operands from
+  4 members on (the scales of each operand unpack into 4 bytes a code: at 256 tiles a
+  step, 16 members ran out of v5e's scoped VMEM)."""
+  chunk = tiles // members
+  most = TILES_PER_STEP_TPU * 4 // max(members, 4)
+  return math.gcd(chunk, tiles // max(columns, 1), most)
+
+
+def permuted_why_not(target: Target, tiles: int, members: int, columns: int = 0) -> str:
+  """Why the permuted exchange cannot take `tiles` tiles over `members` ranks ("": it
+  can)."""
+  if target == "cuda":
+    return "Triton kernels take no scalar operand for their index maps"
+  if not 2 <= members <= PERMUTE_MAX_MEMBERS:
+    return f"{members} members, not 2 to {PERMUTE_MAX_MEMBERS}"
+  step = permuted_step(tiles, members, columns)
+  if tiles % members or step % packed_scales.STEP_MULTIPLE:
+    return f"steps of {step} tiles, not a multiple of {packed_scales.STEP_MULTIPLE}"
+  return ""
+
+
+class _Chunk:
+  """Chunk `k` places on of `members` (chunk (rank + shift) % members, shift = k or -k)
+  of values of `tiles` tiles, for the permuted exchange: the values' spec (a block:
+  `step` tiles down one column, or `step` tiles), its packed chunk's spec."""
+
+  def __init__(self, tiles: int, members: int, columns: int, shift: int):
+    from jax import lax
+
+    self.step = step = permuted_step(tiles, members, columns)
+    chunk = tiles // members
+    self.steps = steps = chunk // step
+    per_column = tiles // max(columns, 1)
+
+    def values_index(s, rank):
+      c = lax.rem(rank[0] + (shift % members), members)
+      t = (c * steps + s) * step
+      if not columns:
+        return (lax.div(t, step), 0, 0)
+      return (lax.div(lax.rem(t, per_column), step), lax.div(t, per_column))
+
+    self.values_shape = (per_column * ROWS, columns * LANES) if columns else (tiles, ROWS, LANES)
+    self.values_block = (step * ROWS, LANES) if columns else (step, ROWS, LANES)
+    self.values_index = values_index
+    packed = step + packed_scales.scale_tiles(step)
+    self.packed: Spec = (
+      (steps * packed, ROWS, LANES),
+      "int8",
+      (packed, ROWS, LANES),
+      lambda s, rank: (s, 0, 0),
+    )
+
+  def values(self, dtype: str) -> Spec:
+    return self.values_shape, dtype, self.values_block, self.values_index
+
+
+def _rotated(jnp, x, matrix, precision):
+  """x [step, 8, 128] (or the rows of a column) as f32 [step * 8, 128], times `matrix`
+  where given."""
+  rows = x.reshape(-1, LANES)
+  if matrix is None:
+    return rows.astype(jnp.float32)
+  return jnp.dot(rows, matrix, preferred_element_type=jnp.float32, precision=precision)
+
+
+@functools.cache
+def quantize_permuted_module(
+  target: Target, tiles: int, dtype: str, rotate: bool, columns: int, members: int, k: int
+) -> str:
+  """The permuted exchange's quantize kernel for the chunk it sends `k` places on: of x
+  (quantize_module's layouts), chunk (rank + k) % members, quantized as quantize_module
+  does and packed (packed_scales.py): int8 [chunk tiles + chunk tiles / 32, 8, 128]."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental import pallas as pl
+
+  element = _DTYPES[dtype]
+  where = _Chunk(tiles, members, columns, k)
+  step = where.step
+  precision = jax.lax.Precision.HIGHEST if element == "float32" else None
+
+  def kernel(rank_ref, x_ref, *rest):
+    out_ref = rest[-1]
+    y = _rotated(jnp, x_ref[...], rest[0][...] if rotate else None, precision)
+    codes, scales = quantize_tiles(jnp, y.reshape(step, ROWS, LANES), target == "tpu")
+    out_ref[pl.ds(0, step)] = codes
+    out_ref[pl.ds(step, packed_scales.scale_tiles(step))] = packed_scales.pack(jax, scales)
+
+  inputs = [where.values(element)]
+  if rotate:
+    inputs.append(((LANES, LANES), element, (LANES, LANES), lambda s, rank: (0, 0)))
+  chunk = tiles // members
+  flops = chunk * ROWS * LANES * ((2 * LANES if rotate else 0) + CODEC_FLOPS)
+  name = "equarx_quantize"
+  return _lower(target, name, kernel, (where.steps,), inputs, [where.packed], flops, rank=True)
+
+
+@functools.cache
+def sum_permuted_module(target: Target, tiles: int, members: int, columns: int) -> str:
+  """The permuted exchange's sum kernel: the `members` packed chunks received, the one
+  in operand s from rank (rank - s) % members, summed as sum_module sums (in group order:
+  one branch per rank, each reading the operands in its order) and packed again."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental import pallas as pl
+
+  where = _Chunk(tiles, members, columns, 0)
+  step, extra = where.step, packed_scales.scale_tiles(where.step)
+
+  def kernel(rank_ref, *refs):
+    received, out_ref = refs[:members], refs[members]
+
+    def term(ref):
+      scales = packed_scales.unpack(jax, ref[pl.ds(step, extra)], step)
+      return ref[pl.ds(0, step)].astype(jnp.float32) * scales
+
+    for rank in range(members):
+
+      @pl.when(rank_ref[0] == rank)
+      def _(rank=rank):
+        first = term(received[rank])
+        acc = jnp.where(first == 0, jnp.float32(0), first)
+        for j in range(1, members):
+          acc = term(received[(rank - j) % members]) + acc
+        codes, scales = quantize_tiles(jnp, acc, target == "tpu")
+        out_ref[pl.ds(0, step)] = codes
+        out_ref[pl.ds(step, extra)] = packed_scales.pack(jax, scales)
+
+  chunk = tiles // members
+  flops = chunk * ROWS * LANES * (2 * members + CODEC_FLOPS)
+  inputs = [where.packed] * members
+  return _lower(
+    target, "equarx_sum", kernel, (where.steps,), inputs, [where.packed], flops, rank=True
+  )
+
+
+@functools.cache
+def dequantize_permuted_module(
+  target: Target, tiles: int, dtype: str, rotate: bool, columns: int, members: int, k: int
+) -> str:
+  """The permuted exchange's dequantize kernel for the packed chunk received from `k`
+  ranks back, chunk (rank - k) % members: dequantized as dequantize_module does, written
+  into its place of the values (quantize_module's layouts).  The first (k = 0, this
+  rank's own) makes the values array; each later one takes it as its last operand and
+  writes its chunk in place (the result aliases it), so it runs as soon as its chunk
+  arrives."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental import pallas as pl
+
+  element = _DTYPES[dtype]
+  where = _Chunk(tiles, members, columns, -k)
+  step, extra = where.step, packed_scales.scale_tiles(where.step)
+
+  def kernel(rank_ref, packed_ref, *rest):
+    out_ref = rest[-1]
+    q = packed_ref[pl.ds(0, step)]
+    if rotate:
+      h, signs = rest[0][...], rest[1][...]
+      rows = q.reshape(step * ROWS, LANES).astype(jnp.bfloat16)
+      y = jnp.dot(rows, h.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+      y = y.reshape(step, ROWS, LANES) * signs
+    else:
+      y = q.astype(jnp.float32)
+    scales = packed_scales.unpack(jax, packed_ref[pl.ds(step, extra)], step)
+    out_ref[...] = (y * scales).astype(out_ref.dtype).reshape(out_ref.shape)
+
+  inputs: list = [where.packed]
+  if rotate:
+    inputs += [
+      ((LANES, LANES), "float32", (LANES, LANES), lambda s, rank: (0, 0)),
+      ((ROWS, LANES), "float32", (ROWS, LANES), lambda s, rank: (0, 0)),
+    ]
+  aliases = {}
+  if k > 0:  # the values so far, written in place: never read here
+    aliases = {1 + len(inputs): 0}  # (after the rank)
+    inputs.append((where.values_shape, element, pl.ANY, None))
+  chunk = tiles // members
+  flops = chunk * ROWS * LANES * ((2 * LANES + 2) if rotate else 1)
+  outputs = [where.values(element)]
+  return _lower(
+    target, "equarx_dequantize", kernel, (where.steps,), inputs, outputs, flops, aliases, rank=True
+  )
+
+
 class QuantizeKernels:
   """The kernels a module calls: each distinct one lowered once and moved into `module`
   as private functions.  `notes` has one entry per kernel asked for, (its stage, "" where
@@ -550,16 +774,124 @@ class QuantizeKernels:
     )
     return values
 
-  def _call(self, em: Emitter, key: tuple, lowered, operands: list[ir.Value], types):
+  def permuted_why_not(self, tiles: int, members: int, element: str, columns: int = 0) -> str:
+    """Why the permuted exchange's kernels cannot take `tiles` tiles of `element` values
+    over `members` ranks ("": they can)."""
+    return self.why_not(tiles, element, columns) or permuted_why_not(
+      self.target, tiles, members, columns
+    )
+
+  def _packed_type(self, em: Emitter, tiles: int, members: int, columns: int) -> ir.Type:
+    where = _Chunk(tiles, members, columns, 0)
+    return ir.RankedTensorType.get(where.packed[0], em.i8)
+
+  def quantize_permuted(
+    self,
+    em: Emitter,
+    x: ir.Value,
+    matrix: ir.Value | None,
+    rank: ir.Value,
+    members: int,
+    columns: int = 0,
+  ) -> list[ir.Value]:
+    """x's chunks quantized and packed, one kernel each: the k-th is chunk (rank + k) %
+    members, the one to send k places on.  x and `columns` as quantize's; rank i32 [1]."""
+    tiles = math.prod(shape_of(x)) // (ROWS * LANES)
+    element = str(ir.RankedTensorType(x.type).element_type)
+    rotate = matrix is not None
+    flat = x if columns else em.reshape(x, (tiles, ROWS, LANES))
+    packed = self._packed_type(em, tiles, members, columns)
+    self.notes.append(("quantize", ""))
+    chunks = []
+    for k in range(members):
+      key = ("quantize", (tiles,), element, rotate, columns, k, members)
+      (chunk,) = self._call(
+        em,
+        key,
+        functools.partial(
+          quantize_permuted_module, self.target, tiles, element, rotate, columns, members, k
+        ),
+        [rank, flat, *([matrix] if matrix is not None else [])],
+        [packed],
+        f"_chunk_{k}_on_of_{members}",
+      )
+      chunks.append(chunk)
+    return chunks
+
+  def sum_permuted(
+    self, em: Emitter, received: list[ir.Value], rank: ir.Value, tiles: int, columns: int = 0
+  ) -> ir.Value:
+    """The packed chunks received (operand s from s ranks back) summed in group order and
+    packed again, one kernel."""
+    members = len(received)
+    key = ("sum", (members, tiles), "i8", False, columns, 0, 1)
+    self.notes.append(("sum", ""))
+    (summed,) = self._call(
+      em,
+      key,
+      functools.partial(sum_permuted_module, self.target, tiles, members, columns),
+      [rank, *received],
+      [self._packed_type(em, tiles, members, columns)],
+      "_permuted",
+    )
+    return summed
+
+  def dequantize_permuted(
+    self,
+    em: Emitter,
+    gathered: list[ir.Value],
+    rank: ir.Value,
+    tiles: int,
+    element: ir.Type,
+    rotation: tuple[ir.Value, ir.Value] | None,
+    columns: int = 0,
+  ) -> ir.Value:
+    """The packed chunks gathered (the k-th from k ranks back) -> values of `element` in
+    quantize's layout, one kernel a chunk, each writing into the values the one before
+    wrote."""
+    members = len(gathered)
+    name = str(element)
+    rotate = rotation is not None
+    out = (tiles // columns * ROWS, columns * LANES) if columns else (tiles, ROWS, LANES)
+    self.notes.append(("dequantize", ""))
+    values: ir.Value | None = None
+    for k, chunk in enumerate(gathered):
+      key = ("dequantize", (tiles,), name, rotate, columns, k, members)
+      (values,) = self._call(
+        em,
+        key,
+        functools.partial(
+          dequantize_permuted_module, self.target, tiles, name, rotate, columns, members, k
+        ),
+        [rank, chunk, *(rotation or ()), *([values] if values is not None else [])],
+        [ir.RankedTensorType.get(out, element)],
+        f"_chunk_{k}_back_of_{members}",
+      )
+    assert values is not None
+    return values
+
+  def _call(
+    self,
+    em: Emitter,
+    key: tuple,
+    lowered,
+    operands: list[ir.Value],
+    types,
+    permuted: str = "",
+  ):
     """A call of the kernel `key` (its module from lowered(), moved in on first use):
     its results, of `types` (default: codes [tiles, 8, 128] and scales [tiles, 8] for
-    an int: tiles)."""
+    an int: tiles).  permuted: the name's end for a kernel of the permuted exchange."""
+    key = (*key, permuted)
     if key not in self._symbols:
-      stage, dims, element, rotated, columns, part, parts = key
+      stage, dims, element, rotated, columns, part, parts, _ = key
       shape = "x".join(str(d) for d in (*dims, ROWS, LANES))
       name = f"equarx_{stage}_{self.target}_{shape}x{element}" + ("_rotated" if rotated else "")
       name += f"_in_{columns}_columns" if columns else ""
-      name += f"_part_{part + 1}_of_{parts}" if parts > 1 else ""
+      if permuted:
+        name += permuted
+      elif parts > 1:
+        name += f"_part_{part + 1}_of_{parts}"
       self._symbols[key] = self._move_in(lowered(), name)
     if isinstance(types, int):
       types = [

@@ -72,6 +72,8 @@ class FlatRoute(Route):
   layout: ChunkLayout  # the scheme's chunks (the candidate's, unless the format fixes others)
   # With --equarx_calibration, why this all-reduce keeps the dynamic scheme.
   not_calibrated: str = ""
+  # Under --equarx_form=kernel, how two-shot's kernels exchange the chunks.
+  kernel_exchange: quantize_kernel.KernelExchange = quantize_kernel.KernelExchange.COLLECTIVES
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -275,16 +277,24 @@ def _priced(
   group = cand.site.groups[0] if cand.site.groups else ()
   sharing = max((len(p) for p in topology.split(group)), default=1)
   tiles = _tiles(scheme, route)
-  kernels = tiles is not None and _kernel_priced(policy, scheme, tiles, cand, topology.platform)
+  exchange = None
+  if tiles is not None and _kernel_priced(policy, scheme, tiles, cand, topology.platform):
+    exchange = quantize_kernel.KernelExchange.COLLECTIVES
+    if isinstance(route, FlatRoute) and not _permutes_why_not(cand, route, topology):
+      exchange = quantize_kernel.KernelExchange.PERMUTES
+      # 2 (N - 1) collective-permutes where two-shot has two collectives.
+      rewritten = dataclasses.replace(route.rewritten, fast_steps=2 * (route.members - 1))
+      route = dataclasses.replace(route, rewritten=rewritten, kernel_exchange=exchange)
   prediction = cost.predict(
     route.native,
     route.rewritten,
     route.quantized_values,
     topology,
     sharing,
-    kernels=kernels,
+    kernels=exchange,
     members=route.members,
-    blocks_of_rows=_operand_bytes(cand)[1] if tiles and tiles[1] == 2 and not kernels else 0,
+    blocks_of_rows=_operand_bytes(cand)[1] if tiles and tiles[1] == 2 and not exchange else 0,
+    itemsize=_operand_bytes(cand)[1],
   )
   return route, prediction
 
@@ -321,6 +331,35 @@ def _kernel_priced(
   # 16-bit floats enter the kernels as they are; a TPU has no f16 arithmetic.
   f16 = platform == "tpu" and any(o.dtype == "f16" for o in cand.site.operands)
   return not why and not f16
+
+
+def _permutes_why_not(cand: Candidate, route: FlatRoute, topology: Topology) -> str:
+  """Why the kernel form's two-shot keeps the all-to-all and all-gather for this site
+  ("": the platform's collective-permutes of packed chunks,
+  quantize_kernel.KernelExchange)."""
+  layout = route.layout
+  if not rules_for(topology.platform).kernel_permutes:
+    return f"no permuted exchange on {topology.platform}"
+  if cand.site.kind != SiteKind.ALL_REDUCE or not route.scheme.algo.has_permuted_exchange:
+    return "only two-shot all-reduces"
+  if route.rewritten.slow:
+    return "links between domains"
+  if layout.padded * _operand_bytes(cand)[1] > quantize_kernel.PART_BYTES:
+    return "the operands in parts"
+  if layout.block != quantize_kernel.LANES or layout.padded % (
+    quantize_kernel.ROWS * quantize_kernel.LANES
+  ):
+    return f"blocks of {layout.block} values"
+  tiles = layout.padded // (quantize_kernel.ROWS * quantize_kernel.LANES)
+  # The columns of (8, 128) tiles the kernels read an operand of whole tiles in, where it
+  # lies (forms.TiledSite): a step stays inside a column.
+  columns = 0
+  shapes = [o.shape for o in cand.site.operands if o.shape is not None]
+  grid = forms.tile_grid(shapes, route.scheme, layout)
+  if isinstance(grid, tuple) and grid[0] * grid[1] * grid[2] == tiles:
+    if not quantize_kernel.shape_why_not("tpu", tiles, columns=grid[2]):
+      columns = grid[2]
+  return quantize_kernel.permuted_why_not("tpu", tiles, route.members, columns)
 
 
 def calibrated_routes(

@@ -42,6 +42,9 @@ class Algorithm:
   # any exchange (TiledSite.quantize_chunks): that quantize can be the kernel form's
   # Pallas kernel (quantize_kernel.py).
   quantizes_chunks_once: bool = False
+  # Whether the kernel form may exchange the chunks by collective-permutes of packed
+  # chunks (emit_permuted; quantize_kernel.KernelExchange.PERMUTES).
+  has_permuted_exchange: bool = False
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """Bytes one rank sends for a site of `layout`: what the report prices and
@@ -111,6 +114,11 @@ class Algorithm:
     """The tiled form: the codes and scales of all N reduced chunks, in chunk order."""
     raise NotImplementedError
 
+  def emit_permuted(self, site: TiledSite) -> ir.Value:
+    """The kernel form with the permuted exchange (quantize_kernel.KernelExchange): all
+    the values, in the layout the site took them in."""
+    raise NotImplementedError(f"{self.name} has no permuted exchange")
+
   def emit(
     self, operands: list[ir.Value], plan: SitePlan, channels: ChannelAllocator, tiled: bool
   ) -> list[ir.Value]:
@@ -118,6 +126,8 @@ class Algorithm:
     or the flat one; one value per operand, with the operand's type."""
     if tiled:
       site = TiledSite(operands, plan, channels)
+      if site.permuted:
+        return site.finish_values(self.emit_permuted(site))
       if site.parts > 1:
         return site.finish_parts(lambda: self.emit_tiled(site))
       return site.finish(*self.emit_tiled(site))

@@ -78,6 +78,7 @@ class TwoShot(Algorithm):
   emits_reduce_scatter = True
   chunk_order_free = True
   quantizes_chunks_once = True
+  has_permuted_exchange = True
 
   def wire_bytes(self, layout: ChunkLayout, fmt: Format) -> int:
     """N-1 chunks in the all-to-all and N-1 in the all-gather: the ring's bytes."""
@@ -133,6 +134,19 @@ class TwoShot(Algorithm):
       self._sum(site, codes, scales)
     )
     return site.exchange(site.coll.all_gather, *summed)
+
+  def emit_permuted(self, site: TiledSite) -> ir.Value:
+    """The kernel form's two-shot by collective-permutes: chunk k of the quantized chunks
+    (rank + k's) goes k ranks on, the N received (the s-th from rank - s) are summed in
+    group order, and the packed sum goes to every rank k on, N - 1 permutes each way.
+    The same codes, sums and values as emit_tiled's; each permute can run while the
+    kernels work on another chunk."""
+    rank = site.permuted_rank()
+    chunks = site.quantize_permuted(rank)
+    received = [chunks[0]] + [site.coll.permute(chunks[k], k) for k in range(1, site.n)]
+    summed = site.sum_permuted(received, rank)
+    gathered = [summed] + [site.coll.permute(summed, k) for k in range(1, site.n)]
+    return site.dequantize_permuted(gathered, rank)
 
   def emit_reduce_scatter(self, site: TiledSite) -> ir.Value:
     return self._sum(site, *self._exchanged(site))
