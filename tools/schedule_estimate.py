@@ -23,6 +23,14 @@ N - 1 ppermutes), summed, requantized and all_gathered, with no chunk waiting fo
 so that the compiler is free to run one chunk's transfers under another's work.  What its
 schedule makes asynchronous says what a chunked form can expect of the compiler.
 
+--pieces-probe adds stand-ins of the kernel form's two-shot (not what the pass emits)
+with its exchanges as N - 1 ppermutes a phase and Pallas kernels that take the pieces as
+separate operands: one quantize kernel per piece (piece k is chunk rank + k, read where it
+lies), one sum kernel over the N pieces received (summed in group order), the sum sent by
+N - 1 ppermutes and one dequantize kernel per piece, each writing its chunk of the result
+in place.  "scales packed": each piece's scales travel in its int8 array, as bytes of
+lane-dense rows (equarx_pass/emission/packed_scales.py); "scales apart": in ppermutes of their own.
+
 Writes results/schedule_estimate.json (or --out).
 """
 
@@ -73,9 +81,190 @@ def chunked_stand_in(jax, n: int, chunks: int, exchange: str):
 
 
 PROBES = ("all_to_all", "ppermute")
+PIECES_PROBES = ("scales packed", "scales apart")
+TILE = (8, 128)  # a TPU tile of int8 codes: eight blocks of one 128-value row
+
+
+def pieces_stand_in(jax, n: int, values: int, dtype, scales: str, interpret: bool = False):
+  """A psum stand-in over axis "x" of n devices: the kernel form's two-shot (the rotation
+  as a matmul, int8 codes of 128-value rows) with N - 1 ppermutes per phase whose pieces
+  the kernels take as separate operands; scales "packed" into each piece's int8 array or
+  sent "apart".  `values` per device, a multiple of n * 32 tiles; interpret: Pallas's
+  interpreter (CPU) instead of Mosaic."""
+  import numpy as np
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import tpu as pltpu
+  from jax.sharding import Mesh, PartitionSpec as P
+
+  from equarx_pass.emission import packed_scales, quantize_kernel, rotation
+
+  jnp = jax.numpy
+  rows, lanes = TILE
+  tiles = values // (rows * lanes)
+  t = tiles // n  # a piece's tiles
+  step = quantize_kernel.permuted_step(tiles, n)
+  steps, element = t // step, jnp.dtype(dtype)
+  packed = scales == "packed"
+  extra = step // 32 if packed else 0  # a step's tiles of scale bytes
+  piece_bytes = t * rows * lanes + t * rows * 4
+  values_bytes = t * rows * lanes * element.itemsize
+
+  def at(block, index):
+    return pl.BlockSpec(block, index)
+
+  def codes_spec():
+    return at((step + extra, *TILE), lambda s, me: (s, 0, 0))
+
+  def scales_spec():
+    return at((step, rows), lambda s, me: (s, 0))
+
+  out_codes = jax.ShapeDtypeStruct((steps * (step + extra), *TILE), jnp.int8)
+  out_scales = jax.ShapeDtypeStruct((t, rows), jnp.float32)
+  outs = [out_codes] + ([] if packed else [out_scales])
+  out_specs = [codes_spec()] + ([] if packed else [scales_spec()])
+
+  def call(kernel, name, in_specs, out_specs, out_shape, moved, args, aliases=None):
+    spec = pltpu.PrefetchScalarGridSpec(
+      num_scalar_prefetch=1, grid=(steps,), in_specs=in_specs, out_specs=out_specs
+    )
+    return pl.pallas_call(
+      kernel,
+      grid_spec=spec,
+      out_shape=out_shape,
+      input_output_aliases=aliases or {},
+      interpret=interpret,
+      name=name,
+      cost_estimate=pl.CostEstimate(flops=0, transcendentals=0, bytes_accessed=int(moved)),
+    )(*args)
+
+  def write(codes_ref, scales_refs, y):
+    codes, scale = quantize_kernel.quantize_tiles(jnp, y, not interpret)
+    if packed:
+      codes_ref[pl.ds(0, step)] = codes
+      codes_ref[pl.ds(step, extra)] = packed_scales.pack(jax, scale)
+    else:
+      codes_ref[...], scales_refs[0][...] = codes, scale
+
+  def read(codes_ref, scales_ref):
+    """A piece's step of values: codes times scales, f32 [step, 8, 128]."""
+    if packed:
+      codes = codes_ref[pl.ds(0, step)]
+      scale = packed_scales.unpack(jax, codes_ref[pl.ds(step, extra)], step)
+    else:
+      codes, scale = codes_ref[...], scales_ref[...][..., None]
+    return codes.astype(jnp.float32), scale
+
+  def quantize(k, x, matrix, me):
+    """Piece k: chunk (me + k) % n of x [tiles, 8, 128], quantized."""
+
+    def kernel(me_ref, x_ref, m_ref, codes_ref, *scales_refs):
+      y = jnp.dot(
+        x_ref[...].reshape(step * rows, lanes), m_ref[...], preferred_element_type=jnp.float32
+      )
+      write(codes_ref, scales_refs, y.reshape(step, *TILE))
+
+    source = at((step, *TILE), lambda s, me: (((me[0] + k) % n) * steps + s, 0, 0))
+    matrix_spec = at((lanes, lanes), lambda s, me: (0, 0))
+    return call(
+      kernel,
+      f"quantize_{k}",
+      [source, matrix_spec],
+      out_specs,
+      outs,
+      values_bytes + piece_bytes,
+      [me, x, matrix],
+    )
+
+  def sum_pieces(codes, scales, me):
+    """Slot s holds the piece from rank (me - s) % n: summed in group order (rank 0
+    first, as two-shot's sum), one branch per rank."""
+
+    def kernel(me_ref, *refs):
+      code_refs, scale_refs = refs[:n], refs[n : n + len(scales)]
+      codes_ref, *scales_refs = refs[n + len(scales) :]
+      for rank in range(n):
+
+        @pl.when(me_ref[0] == rank)
+        def _(rank=rank):
+          def term(j):
+            s = (rank - j) % n
+            c, scale = read(code_refs[s], scale_refs[s] if scale_refs else None)
+            return c * scale
+
+          first = term(0)
+          acc = jnp.where(first == 0, jnp.float32(0), first)
+          for j in range(1, n):
+            acc = term(j) + acc
+          write(codes_ref, scales_refs, acc)
+
+    in_specs = [codes_spec() for _ in codes] + [scales_spec() for _ in scales]
+    return call(
+      kernel, "sum", in_specs, out_specs, outs, (n + 1) * piece_bytes, [me, *codes, *scales]
+    )
+
+  def dequantize(k, codes, scales, matrix, me, into):
+    """Slot k (chunk (me - k) % n) rotated back and written into the values."""
+
+    def kernel(me_ref, c_ref, *rest):
+      scales_ref = None if packed else rest[0]
+      m_ref, out_ref = rest[-3 if into is not None else -2], rest[-1]
+      c, scale = read(c_ref, scales_ref)
+      y = jnp.dot(
+        c.reshape(step * rows, lanes).astype(jnp.bfloat16),
+        m_ref[...],
+        preferred_element_type=jnp.float32,
+      )
+      out_ref[...] = (y.reshape(step, *TILE) * scale).astype(out_ref.dtype)
+
+    in_specs = (
+      [codes_spec()]
+      + ([] if packed else [scales_spec()])
+      + [at((lanes, lanes), lambda s, me: (0, 0))]
+    )
+    args = [me, codes] + ([] if packed else [scales]) + [matrix]
+    aliases = None
+    if into is not None:  # the values so far, written in place
+      in_specs.append(pl.BlockSpec(memory_space=pl.ANY))
+      args.append(into)
+      aliases = {len(args) - 1: 0}
+    dest = at((step, *TILE), lambda s, me: (((me[0] - k) % n) * steps + s, 0, 0))
+    (out,) = call(
+      kernel,
+      f"dequantize_{k}",
+      in_specs,
+      [dest],
+      [jax.ShapeDtypeStruct((tiles, *TILE), element)],
+      piece_bytes + values_bytes,
+      args,
+      aliases,
+    )
+    return out
+
+  def send(x, k):
+    return jax.lax.ppermute(x, "x", [(i, (i + k) % n) for i in range(n)])
+
+  h = np.asarray(rotation.matrix(lanes), np.float32)
+
+  def site(v):
+    me = jax.lax.axis_index("x").astype(jnp.int32).reshape(1)
+    x = v.reshape(tiles, *TILE)
+    pieces = [quantize(k, x, jnp.asarray(h / lanes, element), me) for k in range(n)]
+    got = [pieces[0]] + [[send(a, k) for a in pieces[k]] for k in range(1, n)]
+    codes, scales = [g[0] for g in got], [g[1] for g in got if len(g) > 1]
+    summed = sum_pieces(codes, scales, me)
+    gathered = [summed] + [[send(a, k) for a in summed] for k in range(1, n)]
+    out = None
+    for k, g in enumerate(gathered):
+      out = dequantize(k, g[0], g[1] if len(g) > 1 else None, jnp.asarray(h, jnp.bfloat16), me, out)
+    return out.reshape(-1)
+
+  mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+  return jax.jit(jax.shard_map(site, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
 
 
 def program_label(scheme: str) -> str:
+  if scheme.startswith("pieces"):
+    return scheme.replace("pieces", "kernel pieces stand-in,")
   if scheme.startswith("stand-in"):
     return scheme.replace("stand-in", "chunked stand-in,")
   return benchlib.scheme_label(scheme) if scheme else "native psum"
@@ -98,6 +287,11 @@ def main() -> int:
     default=0,
     metavar="K",
     help="also the chunked stand-ins (all_to_all and ppermute exchanges) in K chunks",
+  )
+  ap.add_argument(
+    "--pieces-probe",
+    action="store_true",
+    help="also the kernel form's stand-ins with N - 1 ppermutes a phase, pieces as operands",
   )
   ap.add_argument("--out", default=os.path.join(benchlib.RESULTS, "schedule_estimate.json"))
   args = ap.parse_args()
@@ -131,11 +325,17 @@ def main() -> int:
         programs += [(s, False) for s in schemes] if args.unforced else []
         if args.overlap_probe:
           programs += [(f"stand-in {x} x{args.overlap_probe}", True) for x in PROBES]
+        if args.pieces_probe:
+          programs += [(f"pieces {x}", True) for x in PIECES_PROBES]
         native_s = None
         for scheme, forced in programs:
           row = dict(topology=topology, dtype=dtype_name, size=size, scheme=scheme, forced=forced)
           mod, model_s, record = module, None, None
-          if scheme.startswith("stand-in"):
+          if scheme.startswith("pieces"):
+            program = pieces_stand_in(jax, n, values, dtype, scheme.split()[-1])
+            traced = program.trace(jax.ShapeDtypeStruct((n * values,), dtype))
+            mod = traced.lower(lowering_platforms=("tpu",)).compiler_ir("stablehlo")
+          elif scheme.startswith("stand-in"):
             exchange = scheme.split()[1]
             program = chunked_stand_in(jax, n, args.overlap_probe, exchange)
             mod = program.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
