@@ -203,9 +203,14 @@ def test_the_permuted_exchange_sends_each_chunk_by_one_permute():
   [
     ("cuda", "--equarx_platform=gpu --equarx_domains=1", "Triton)"),  # no scalar operands
     ("tpu", "--equarx_platform=tpu", "Mosaic)"),  # each device a domain of its own
+    (
+      "tpu",
+      "--equarx_platform=tpu --equarx_domains=1 --equarx_kernel_exchange=collectives",
+      "Mosaic)",
+    ),
   ],
 )
-def test_the_collectives_stay_on_gpu_and_across_domains(platform, flags, ends):
+def test_the_collectives_stay_on_gpu_across_domains_and_when_asked(platform, flags, ends):
   result = _kernel_form(_lowered_psum(platform, rows=256), flags)
   assert result.records[0].reason.endswith(ends), result.records[0].reason
   assert "collective_permute" not in result.text and "all_to_all" in result.text

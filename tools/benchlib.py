@@ -78,6 +78,8 @@ def scheme_label(flags: str) -> str:
     parts.append(f"outline={p.outline}")
   if get("form", "auto") != "auto":
     parts.append(p.form)
+  if get("kernel_exchange", "auto") != "auto":
+    parts.append(f"by {p.kernel_exchange}")
   if get("platform", "auto") != "auto":
     parts.append(f"for {p.platform}")
   if get("rounding", "nearest") != "nearest":

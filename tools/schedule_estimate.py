@@ -45,7 +45,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402
 from bench_tpu import topology_devices  # noqa: E402
 
-DEFAULT_SCHEMES = ["--equarx_enable", "--equarx_enable --equarx_form=kernel"]
+DEFAULT_SCHEMES = [
+  "--equarx_enable",
+  "--equarx_enable --equarx_form=kernel",
+  "--equarx_enable --equarx_form=kernel --equarx_kernel_exchange=collectives",
+]
 
 
 def chunked_stand_in(jax, n: int, chunks: int, exchange: str):

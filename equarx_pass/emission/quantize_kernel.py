@@ -461,9 +461,10 @@ def permuted_why_not(target: Target, tiles: int, members: int, columns: int = 0)
 
 
 class _Chunk:
-  """Chunk `k` places on of `members` (chunk (rank + shift) % members, shift = k or -k)
-  of values of `tiles` tiles, for the permuted exchange: the values' spec (a block:
-  `step` tiles down one column, or `step` tiles), its packed chunk's spec."""
+  """For the permuted exchange, chunk (rank + shift) % members of values of `tiles` tiles
+  (shift k: the chunk sent k ranks on; -k: the one received from k ranks back): the
+  values' spec (a block: `step` tiles down one column, or `step` tiles) and its packed
+  chunk's."""
 
   def __init__(self, tiles: int, members: int, columns: int, shift: int):
     from jax import lax

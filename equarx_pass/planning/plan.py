@@ -280,7 +280,7 @@ def _priced(
   exchange = None
   if tiles is not None and _kernel_priced(policy, scheme, tiles, cand, topology.platform):
     exchange = quantize_kernel.KernelExchange.COLLECTIVES
-    if isinstance(route, FlatRoute) and not _permutes_why_not(cand, route, topology):
+    if isinstance(route, FlatRoute) and not _permutes_why_not(cand, route, policy, topology):
       exchange = quantize_kernel.KernelExchange.PERMUTES
       # 2 (N - 1) collective-permutes where two-shot has two collectives.
       rewritten = dataclasses.replace(route.rewritten, fast_steps=2 * (route.members - 1))
@@ -333,11 +333,13 @@ def _kernel_priced(
   return not why and not f16
 
 
-def _permutes_why_not(cand: Candidate, route: FlatRoute, topology: Topology) -> str:
+def _permutes_why_not(cand: Candidate, route: FlatRoute, policy: Policy, topology: Topology) -> str:
   """Why the kernel form's two-shot keeps the all-to-all and all-gather for this site
   ("": the platform's collective-permutes of packed chunks,
   quantize_kernel.KernelExchange)."""
   layout = route.layout
+  if policy.kernel_exchange == "collectives":
+    return "--equarx_kernel_exchange=collectives"
   if not rules_for(topology.platform).kernel_permutes:
     return f"no permuted exchange on {topology.platform}"
   if cand.site.kind != SiteKind.ALL_REDUCE or not route.scheme.algo.has_permuted_exchange:

@@ -56,6 +56,12 @@ PLATFORMS = get_args(Platform)
 # (BUILD_NOTES, "The kernel form").
 Form = Literal["auto", "tiled", "flat", "kernel"]
 FORMS = get_args(Form)
+# How the kernel form's two-shot exchanges its chunks: auto = by collective-permutes of
+# packed chunks where the platform has them (TPU, inside fast links;
+# quantize_kernel.KernelExchange), else by all-to-all and all-gather; collectives =
+# all-to-all and all-gather everywhere.
+KernelExchangeFlag = Literal["auto", "collectives"]
+KERNEL_EXCHANGES = get_args(KernelExchangeFlag)
 Hierarchy = Literal["auto", "flat"]
 HIERARCHIES = get_args(Hierarchy)
 # Values per scale when --equarx_block_size is not given: 1024, or with a rotation in the
@@ -105,6 +111,7 @@ class Policy:
   identity: bool = False
   platform: Platform = "auto"  # where the program runs
   form: Form = "auto"  # the emitted form
+  kernel_exchange: KernelExchangeFlag = "auto"  # the kernel form's exchange
   # Rewrite every site the size and dtype policy selects, whatever the cost model
   # predicts (experiments; measuring the emitted form on fast links).
   force: bool = False
@@ -161,6 +168,7 @@ class Policy:
       ("outline", self.outline, OUTLINE_MODES),
       ("platform", self.platform, ("auto", *PLATFORM_RULES)),
       ("form", self.form, FORMS),
+      ("kernel_exchange", self.kernel_exchange, KERNEL_EXCHANGES),
       ("hierarchy", self.hierarchy, HIERARCHIES),
       ("slow_format", self.slow_format or self.format, tuple(FORMAT_REGISTRY)),
     ):
@@ -679,6 +687,17 @@ FLAGS = {
       "site keeps the tiled form and why); `auto`: tiled wherever the scheme has a tiled "
       "form",
       metavar="F",
+    ),
+    Flag(
+      "equarx_kernel_exchange",
+      "kernel_exchange",
+      _parse_str,
+      "how the kernel form's two-shot moves its chunks: `auto` (on TPU inside fast links, "
+      "N - 1 collective-permutes each way of chunks with their scales packed in, so that "
+      "the transfers run under the kernels; elsewhere an all-to-all and an all-gather "
+      "each of codes and of scales) or `collectives` (the all-to-alls and all-gathers "
+      "everywhere)",
+      metavar="E",
     ),
     Flag(
       "equarx_force",
