@@ -191,10 +191,10 @@ def permuted_exposed_share(members: int, itemsize: int) -> float:
   prices a kernel: the quantize and the dequantize the operand's `itemsize` and a packed
   code's (1 + 4 / 128) each, the sum N + 1 chunks' codes for every N values.  By the
   replay of the compiled schedule (`python tools/schedule_estimate.py --topology v5e:2x2
-  v5e:4x4 --sizes 32M --dtypes bf16 f32`) the exposed work is 0.37x (bf16) and 0.34x
-  (f32) of the on-chip time over 4 chips, where this gives 0.38x and 0.34x; over 16
-  chips 0.21x and 0.30x against 0.21x and 0.15x (f32's transfers are too short there to
-  hide all of the kernels)."""
+  v5e:4x4 --sizes 32M --dtypes bf16 f32`: a site's time less its links', over its core's)
+  the exposed work is 0.38x (bf16) and 0.33x (f32) of the on-chip time over 4 chips,
+  where this gives 0.38x and 0.34x; over 16 chips 0.21x and 0.31x against 0.21x and
+  0.15x (f32's transfers are too short there to hide all of the kernels)."""
   code = 1 + 4 / 128
   ends = 2 * (itemsize + code)
   summed = code * (members + 1) / members
