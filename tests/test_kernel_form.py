@@ -171,7 +171,8 @@ def test_the_permuted_exchange_equals_the_tiled_form_bit_for_bit(shape, scheme, 
   mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
   outs, reasons = {}, {}
   for form in ("tiled", "kernel"):
-    fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=f"{TPU_FORM}{scheme} --equarx_form={form}")
+    flags = f"{TPU_FORM}{scheme} --equarx_form={form} --equarx_kernel_exchange=permutes"
+    fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=flags)
     outs[form] = np.asarray(fn(jnp.asarray(x.reshape(-1, *shape[1:]), dtype)).astype(jnp.float32))
     (record,) = fn.report.records
     reasons[form] = record.reason
@@ -182,7 +183,8 @@ def test_the_permuted_exchange_equals_the_tiled_form_bit_for_bit(shape, scheme, 
 
 
 def test_the_permuted_exchange_sends_each_chunk_by_one_permute():
-  flags = "--equarx_platform=tpu --equarx_domains=1"  # one slice: fast links only
+  # One slice: fast links only.
+  flags = "--equarx_platform=tpu --equarx_domains=1 --equarx_kernel_exchange=permutes"
   result = _kernel_form(_lowered_psum("tpu", rows=256), flags)
   assert result.records[0].reason.endswith(
     "(Pallas quantize + sum + dequantize, Mosaic, collective-permutes of packed chunks)"
@@ -201,8 +203,15 @@ def test_the_permuted_exchange_sends_each_chunk_by_one_permute():
 @pytest.mark.parametrize(
   "platform,flags,ends",
   [
-    ("cuda", "--equarx_platform=gpu --equarx_domains=1", "Triton)"),  # no scalar operands
-    ("tpu", "--equarx_platform=tpu", "Mosaic)"),  # each device a domain of its own
+    # No scalar operands in Triton.
+    (
+      "cuda",
+      "--equarx_platform=gpu --equarx_domains=1 --equarx_kernel_exchange=permutes",
+      "Triton)",
+    ),
+    # Each device a domain of its own.
+    ("tpu", "--equarx_platform=tpu --equarx_kernel_exchange=permutes", "Mosaic)"),
+    ("tpu", "--equarx_platform=tpu --equarx_domains=1", "Mosaic)"),  # the default
     (
       "tpu",
       "--equarx_platform=tpu --equarx_domains=1 --equarx_kernel_exchange=collectives",
@@ -210,7 +219,7 @@ def test_the_permuted_exchange_sends_each_chunk_by_one_permute():
     ),
   ],
 )
-def test_the_collectives_stay_on_gpu_across_domains_and_when_asked(platform, flags, ends):
+def test_the_collectives_stay_on_gpu_across_domains_and_by_default(platform, flags, ends):
   result = _kernel_form(_lowered_psum(platform, rows=256), flags)
   assert result.records[0].reason.endswith(ends), result.records[0].reason
   assert "collective_permute" not in result.text and "all_to_all" in result.text
@@ -335,7 +344,7 @@ def test_the_kernels_compile_for_tpu(target):
 def test_the_permuted_kernels_compile_for_tpu(target):
   devices = 8 if target.startswith("tpu:v4") else 4
   text = _lowered_psum("tpu", devices=devices, rows=256)
-  result = _kernel_form(text, f"--equarx_compile_for={target}")
+  result = _kernel_form(text, f"--equarx_compile_for={target} --equarx_kernel_exchange=permutes")
   assert "collective-permutes of packed chunks" in result.records[0].reason
   hlo = result.tpu.hlo_text
   assert hlo.count('custom_call_target="tpu_custom_call"') == 2 * devices + 1

@@ -192,7 +192,7 @@ def test_the_kernel_form_agrees_with_the_schedule(v5e):
   """8 MiB of bf16 a chip inside v5e:2x2, the kernel form forced: its chunks exchanged by
   collective-permutes, partly under the kernels."""
   module = psum_module(4, 4 << 20, jax.numpy.bfloat16)
-  flags = FLAGS + " --equarx_force --equarx_form=kernel"
+  flags = FLAGS + " --equarx_force --equarx_form=kernel --equarx_kernel_exchange=permutes"
   result = equarx_pass.rewrite_module(module, equarx_pass.Policy.from_flags(flags))
   assert result.records[0].reason.endswith("collective-permutes of packed chunks)")
   model_native, model = model_seconds(result)

@@ -78,7 +78,7 @@ def scheme_label(flags: str) -> str:
     parts.append(f"outline={p.outline}")
   if get("form", "auto") != "auto":
     parts.append(p.form)
-  if get("kernel_exchange", "auto") != "auto":
+  if get("kernel_exchange", "collectives") != "collectives":
     parts.append(f"by {p.kernel_exchange}")
   if get("platform", "auto") != "auto":
     parts.append(f"for {p.platform}")

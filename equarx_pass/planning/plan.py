@@ -338,7 +338,7 @@ def _permutes_why_not(cand: Candidate, route: FlatRoute, policy: Policy, topolog
   ("": the platform's collective-permutes of packed chunks,
   quantize_kernel.KernelExchange)."""
   layout = route.layout
-  if policy.kernel_exchange == "collectives":
+  if policy.kernel_exchange != "permutes":
     return "--equarx_kernel_exchange=collectives"
   if not rules_for(topology.platform).kernel_permutes:
     return f"no permuted exchange on {topology.platform}"
