@@ -174,6 +174,18 @@ def _streamed(spec: Spec, steps: int) -> int:
   return math.prod(block) * itemsize * steps
 
 
+def _codes_unrotated(jnp, q, rotation_refs, step: int):
+  """A step's int8 codes [step, 8, 128] as f32, rotated back where `rotation_refs` (the
+  Hadamard matrix's and the signs' refs) are given: codes are exact in bf16, their
+  products with +-1 too, and the sums f32."""
+  if rotation_refs is None:
+    return q.astype(jnp.float32)
+  h, signs = rotation_refs[0][...], rotation_refs[1][...]
+  rows = q.reshape(step * ROWS, LANES).astype(jnp.bfloat16)
+  y = jnp.dot(rows, h.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
+  return y.reshape(step, ROWS, LANES) * signs
+
+
 def _lower(
   target: Target,
   name: str,
@@ -392,14 +404,7 @@ def dequantize_module(
   def kernel(*refs):
     codes_ref, scales_ref, *rest = refs
     out_ref = rest[-1]
-    q = codes_ref[...]
-    if rotate:
-      h, signs = rest[0][...], rest[1][...]
-      rows = q.reshape(step * ROWS, LANES).astype(jnp.bfloat16)
-      y = jnp.dot(rows, h.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
-      y = y.reshape(step, ROWS, LANES) * signs
-    else:
-      y = q.astype(jnp.float32)
+    y = _codes_unrotated(jnp, codes_ref[...], rest if rotate else None, step)
     values = (y * scales_ref[...][..., None]).astype(out_ref.dtype)
     out_ref[...] = values.reshape(out_ref.shape)
 
@@ -596,14 +601,7 @@ def dequantize_permuted_module(
 
   def kernel(rank_ref, packed_ref, *rest):
     out_ref = rest[-1]
-    q = packed_ref[pl.ds(0, step)]
-    if rotate:
-      h, signs = rest[0][...], rest[1][...]
-      rows = q.reshape(step * ROWS, LANES).astype(jnp.bfloat16)
-      y = jnp.dot(rows, h.astype(jnp.bfloat16), preferred_element_type=jnp.float32)
-      y = y.reshape(step, ROWS, LANES) * signs
-    else:
-      y = q.astype(jnp.float32)
+    y = _codes_unrotated(jnp, packed_ref[pl.ds(0, step)], rest if rotate else None, step)
     scales = packed_scales.unpack(jax, packed_ref[pl.ds(step, extra)], step)
     out_ref[...] = (y * scales).astype(out_ref.dtype).reshape(out_ref.shape)
 
