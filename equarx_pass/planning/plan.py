@@ -277,6 +277,7 @@ def _priced(
   group = cand.site.groups[0] if cand.site.groups else ()
   sharing = max((len(p) for p in topology.split(group)), default=1)
   tiles = _tiles(scheme, route)
+  itemsize = _operand_bytes(cand)[1]
   exchange = None
   if tiles is not None and _kernel_priced(policy, scheme, tiles, cand, topology.platform):
     exchange = quantize_kernel.KernelExchange.COLLECTIVES
@@ -293,8 +294,8 @@ def _priced(
     sharing,
     kernels=exchange,
     members=route.members,
-    blocks_of_rows=_operand_bytes(cand)[1] if tiles and tiles[1] == 2 and not exchange else 0,
-    itemsize=_operand_bytes(cand)[1],
+    blocks_of_rows=itemsize if tiles and tiles[1] == 2 and not exchange else 0,
+    itemsize=itemsize,
   )
   return route, prediction
 
