@@ -183,21 +183,26 @@ def test_the_permuted_exchange_equals_the_tiled_form_bit_for_bit(shape, scheme, 
 
 
 def test_the_permuted_exchange_sends_each_chunk_by_one_permute():
-  # One slice: fast links only.
-  flags = "--equarx_platform=tpu --equarx_domains=1 --equarx_kernel_exchange=permutes"
+  # One slice: fast links only.  The permutes are the kernel form's default exchange.
+  flags = "--equarx_platform=tpu --equarx_domains=1"
   result = _kernel_form(_lowered_psum("tpu", rows=256), flags)
   assert result.records[0].reason.endswith(
     "(Pallas quantize + sum + dequantize, Mosaic, collective-permutes of packed chunks)"
   ), result.records[0].reason
   text = result.text
   # 3 permutes each way over 4 devices, nothing else on the wire; a quantize and a
-  # dequantize kernel a chunk, one sum, each dequantize after the first in place.
+  # dequantize call a chunk, one sum, each dequantize after the first in place.
   assert text.count('"stablehlo.collective_permute"') == 6
   assert "all_to_all" not in text and "all_gather" not in text
   calls = [line for line in text.splitlines() if "func.call @equarx_" in line]
   stages = [c.split("@equarx_")[1].split("_")[0] for c in calls]
   assert stages == ["quantize"] * 4 + ["sum"] + ["dequantize"] * 4
-  assert text.count("output_operand_aliases") == 3
+  # Four kernels, not one a chunk (the chunk is their scalar operand): the quantize,
+  # the sum, the dequantize that makes the values and the one that writes into them.
+  callees = [c.split("func.call @")[1].split("(")[0] for c in calls]
+  assert len(set(callees)) == 4, sorted(set(callees))
+  assert len(set(callees[-3:])) == 1
+  assert text.count("output_operand_aliases") == 1
 
 
 @pytest.mark.parametrize(
@@ -211,7 +216,7 @@ def test_the_permuted_exchange_sends_each_chunk_by_one_permute():
     ),
     # Each device a domain of its own.
     ("tpu", "--equarx_platform=tpu --equarx_kernel_exchange=permutes", "Mosaic)"),
-    ("tpu", "--equarx_platform=tpu --equarx_domains=1", "Mosaic)"),  # the default
+    # Asked for.
     (
       "tpu",
       "--equarx_platform=tpu --equarx_domains=1 --equarx_kernel_exchange=collectives",
@@ -219,7 +224,7 @@ def test_the_permuted_exchange_sends_each_chunk_by_one_permute():
     ),
   ],
 )
-def test_the_collectives_stay_on_gpu_across_domains_and_by_default(platform, flags, ends):
+def test_the_collectives_stay_on_gpu_across_domains_and_when_asked(platform, flags, ends):
   result = _kernel_form(_lowered_psum(platform, rows=256), flags)
   assert result.records[0].reason.endswith(ends), result.records[0].reason
   assert "collective_permute" not in result.text and "all_to_all" in result.text

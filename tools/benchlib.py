@@ -78,7 +78,7 @@ def scheme_label(flags: str) -> str:
     parts.append(f"outline={p.outline}")
   if get("form", "auto") != "auto":
     parts.append(p.form)
-  if get("kernel_exchange", "collectives") != "collectives":
+  if "--equarx_kernel_exchange" in flags:  # as asked: a site may still keep the other
     parts.append(f"by {p.kernel_exchange}")
   if get("platform", "auto") != "auto":
     parts.append(f"for {p.platform}")

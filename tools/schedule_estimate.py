@@ -47,7 +47,7 @@ from bench_tpu import topology_devices  # noqa: E402
 
 DEFAULT_SCHEMES = [
   "--equarx_enable",
-  "--equarx_enable --equarx_form=kernel",
+  "--equarx_enable --equarx_form=kernel --equarx_kernel_exchange=collectives",
   "--equarx_enable --equarx_form=kernel --equarx_kernel_exchange=permutes",
 ]
 

@@ -196,13 +196,15 @@ def _lower(
   flops,
   aliases: dict[int, int] | None = None,
   rank: bool = False,
+  scratch: tuple[tuple[tuple[int, ...], str], ...] = (),
 ) -> str:
   """pallas_call of `kernel` over `grid`, lowered for `target`: the StableHLO module's
   text.  inputs and outputs: a Spec per operand and result (a block shape that is a
   memory space: the whole array, left where it is); aliases: operand -> result written
-  in place.  rank: the first operand is the device's rank in its group, i32 [1], a
-  scalar the index maps take after the grid's ids (scalar prefetch; TPU and the
-  interpreter)."""
+  in place.  rank: the first operand is a scalar i32 [1] the index maps take after the
+  grid's ids (scalar prefetch; TPU and the interpreter): the device's rank in its group,
+  or the chunk a kernel of the permuted exchange works on.  scratch: (shape, dtype) of
+  each VMEM buffer the kernel takes after its results (with rank only)."""
   import jax
   import jax.numpy as jnp
   from jax.experimental import pallas as pl
@@ -233,7 +235,11 @@ def _lower(
 
     layout = dict(
       grid_spec=pltpu.PrefetchScalarGridSpec(
-        num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs
+        num_scalar_prefetch=1,
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        scratch_shapes=[pltpu.VMEM(shape, jnp.dtype(dtype)) for shape, dtype in scratch],
       )
     )
   else:
@@ -436,8 +442,9 @@ class KernelExchange(enum.Enum):
   PERMUTES = "collective-permutes of packed chunks"
 
 
-# The permuted exchange's sum kernel holds one branch per rank, each summing the N
-# chunks in group order: N * N terms of code, and 2 (N - 1) collective-permutes.
+# The permuted exchange's sum kernel takes the N chunks as N operands, each
+# double-buffered in VMEM, and the site sends 2 (N - 1) collective-permutes; 16 is the
+# most compiled (v5e:4x4).
 PERMUTE_MAX_MEMBERS = 16
 
 
@@ -466,12 +473,14 @@ def permuted_why_not(target: Target, tiles: int, members: int, columns: int = 0)
 
 
 class _Chunk:
-  """For the permuted exchange, chunk (rank + shift) % members of values of `tiles` tiles
-  (shift k: the chunk sent k ranks on; -k: the one received from k ranks back): the
-  values' spec (a block: `step` tiles down one column, or `step` tiles) and its packed
-  chunk's."""
+  """For the permuted exchange, a chunk of values of `tiles` tiles over `members` ranks,
+  which one given at run time (the kernel's scalar operand): the values' spec (a block:
+  `step` tiles down one column, or `step` tiles) and its packed chunk's.  The chunk is
+  an operand, not part of the kernel, so that one kernel serves every chunk: libtpu
+  compiles each distinct kernel of a program, and N of them made the exchange's compile
+  grow with N."""
 
-  def __init__(self, tiles: int, members: int, columns: int, shift: int):
+  def __init__(self, tiles: int, members: int, columns: int):
     from jax import lax
 
     self.step = step = permuted_step(tiles, members, columns)
@@ -479,9 +488,8 @@ class _Chunk:
     self.steps = steps = chunk // step
     per_column = tiles // max(columns, 1)
 
-    def values_index(s, rank):
-      c = lax.rem(rank[0] + (shift % members), members)
-      t = (c * steps + s) * step
+    def values_index(s, chunk):
+      t = (chunk[0] * steps + s) * step
       if not columns:
         return (lax.div(t, step), 0, 0)
       return (lax.div(lax.rem(t, per_column), step), lax.div(t, per_column))
@@ -494,7 +502,7 @@ class _Chunk:
       (steps * packed, ROWS, LANES),
       "int8",
       (packed, ROWS, LANES),
-      lambda s, rank: (s, 0, 0),
+      lambda s, chunk: (s, 0, 0),
     )
 
   def values(self, dtype: str) -> Spec:
@@ -512,21 +520,21 @@ def _rotated(jnp, x, matrix, precision):
 
 @functools.cache
 def quantize_permuted_module(
-  target: Target, tiles: int, dtype: str, rotate: bool, columns: int, members: int, k: int
+  target: Target, tiles: int, dtype: str, rotate: bool, columns: int, members: int
 ) -> str:
-  """The permuted exchange's quantize kernel for the chunk it sends `k` places on: of x
-  (quantize_module's layouts), chunk (rank + k) % members, quantized as quantize_module
-  does and packed (packed_scales.py): int8 [chunk tiles + chunk tiles / 32, 8, 128]."""
+  """The permuted exchange's quantize kernel: of x (quantize_module's layouts), the chunk
+  its scalar operand names (of `members`), quantized as quantize_module does and packed
+  (packed_scales.py): int8 [chunk tiles + chunk tiles / 32, 8, 128]."""
   import jax
   import jax.numpy as jnp
   from jax.experimental import pallas as pl
 
   element = _DTYPES[dtype]
-  where = _Chunk(tiles, members, columns, k)
+  where = _Chunk(tiles, members, columns)
   step = where.step
   precision = jax.lax.Precision.HIGHEST if element == "float32" else None
 
-  def kernel(rank_ref, x_ref, *rest):
+  def kernel(chunk_ref, x_ref, *rest):
     out_ref = rest[-1]
     y = _rotated(jnp, x_ref[...], rest[0][...] if rotate else None, precision)
     codes, scales = quantize_tiles(jnp, y.reshape(step, ROWS, LANES), target == "tpu")
@@ -535,7 +543,7 @@ def quantize_permuted_module(
 
   inputs = [where.values(element)]
   if rotate:
-    inputs.append(((LANES, LANES), element, (LANES, LANES), lambda s, rank: (0, 0)))
+    inputs.append(((LANES, LANES), element, (LANES, LANES), lambda s, chunk: (0, 0)))
   chunk = tiles // members
   flops = chunk * ROWS * LANES * ((2 * LANES if rotate else 0) + CODEC_FLOPS)
   name = "equarx_quantize"
@@ -546,60 +554,82 @@ def quantize_permuted_module(
 def sum_permuted_module(target: Target, tiles: int, members: int, columns: int) -> str:
   """The permuted exchange's sum kernel: the `members` packed chunks received, the one
   in operand s from rank (rank - s) % members, summed as sum_module sums (in group order:
-  one branch per rank, each reading the operands in its order) and packed again."""
+  the j-th term is operand (rank - j) % members, chosen at run time) and packed again.
+
+  The operand is chosen inside a loop and each term added to a VMEM buffer of the sum so
+  far, so the kernel holds each operand's read twice (the first term, the rest): a
+  branch per rank with its own order held members^2 reads and the quantize members
+  times, and took libtpu 20 s to compile over 16 members (1.5 s in one order).  (A
+  lax.switch returning the term crashed libtpu's compile.)"""
   import jax
   import jax.numpy as jnp
   from jax.experimental import pallas as pl
 
-  where = _Chunk(tiles, members, columns, 0)
+  where = _Chunk(tiles, members, columns)
   step, extra = where.step, packed_scales.scale_tiles(where.step)
 
   def kernel(rank_ref, *refs):
-    received, out_ref = refs[:members], refs[members]
+    received, (out_ref, acc_ref) = refs[:members], refs[members:]
 
-    def term(ref):
-      scales = packed_scales.unpack(jax, ref[pl.ds(step, extra)], step)
-      return ref[pl.ds(0, step)].astype(jnp.float32) * scales
+    def add(source, first: bool):
+      """The term of operand `source` (a traced index) added to acc_ref, in one
+      expression with the product as the other forms have it."""
+      for s, ref in enumerate(received):
 
-    for rank in range(members):
+        @pl.when(source == s)
+        def _(ref=ref):
+          scales = packed_scales.unpack(jax, ref[pl.ds(step, extra)], step)
+          term = ref[pl.ds(0, step)].astype(jnp.float32) * scales
+          if first:
+            acc_ref[...] = jnp.where(term == 0, jnp.float32(0), term)
+          else:
+            acc_ref[...] = term + acc_ref[...]
 
-      @pl.when(rank_ref[0] == rank)
-      def _(rank=rank):
-        first = term(received[rank])
-        acc = jnp.where(first == 0, jnp.float32(0), first)
-        for j in range(1, members):
-          acc = term(received[(rank - j) % members]) + acc
-        codes, scales = quantize_tiles(jnp, acc, target == "tpu")
-        out_ref[pl.ds(0, step)] = codes
-        out_ref[pl.ds(step, extra)] = packed_scales.pack(jax, scales)
+    def later(j, carry):
+      add(jax.lax.rem(rank_ref[0] - j + members, members), first=False)
+      return carry
+
+    add(rank_ref[0], first=True)
+    jax.lax.fori_loop(1, members, later, 0)
+    codes, scales = quantize_tiles(jnp, acc_ref[...], target == "tpu")
+    out_ref[pl.ds(0, step)] = codes
+    out_ref[pl.ds(step, extra)] = packed_scales.pack(jax, scales)
 
   chunk = tiles // members
   flops = chunk * ROWS * LANES * (2 * members + CODEC_FLOPS)
   inputs = [where.packed] * members
+  buffers = (((step, ROWS, LANES), "float32"),)  # the sum so far
   return _lower(
-    target, "equarx_sum", kernel, (where.steps,), inputs, [where.packed], flops, rank=True
+    target,
+    "equarx_sum",
+    kernel,
+    (where.steps,),
+    inputs,
+    [where.packed],
+    flops,
+    rank=True,
+    scratch=buffers,
   )
 
 
 @functools.cache
 def dequantize_permuted_module(
-  target: Target, tiles: int, dtype: str, rotate: bool, columns: int, members: int, k: int
+  target: Target, tiles: int, dtype: str, rotate: bool, columns: int, members: int, into: bool
 ) -> str:
-  """The permuted exchange's dequantize kernel for the packed chunk received from `k`
-  ranks back, chunk (rank - k) % members: dequantized as dequantize_module does, written
-  into its place of the values (quantize_module's layouts).  The first (k = 0, this
-  rank's own) makes the values array; each later one takes it as its last operand and
-  writes its chunk in place (the result aliases it), so it runs as soon as its chunk
-  arrives."""
+  """The permuted exchange's dequantize kernel for a packed chunk, the chunk its scalar
+  operand names: dequantized as dequantize_module does, written into its place of the
+  values (quantize_module's layouts).  The first (this rank's own) makes the values
+  array; each later one (`into`) takes it as its last operand and writes its chunk in
+  place (the result aliases it), so it runs as soon as its chunk arrives."""
   import jax
   import jax.numpy as jnp
   from jax.experimental import pallas as pl
 
   element = _DTYPES[dtype]
-  where = _Chunk(tiles, members, columns, -k)
+  where = _Chunk(tiles, members, columns)
   step, extra = where.step, packed_scales.scale_tiles(where.step)
 
-  def kernel(rank_ref, packed_ref, *rest):
+  def kernel(chunk_ref, packed_ref, *rest):
     out_ref = rest[-1]
     y = _codes_unrotated(jnp, packed_ref[pl.ds(0, step)], rest if rotate else None, step)
     scales = packed_scales.unpack(jax, packed_ref[pl.ds(step, extra)], step)
@@ -608,12 +638,12 @@ def dequantize_permuted_module(
   inputs: list = [where.packed]
   if rotate:
     inputs += [
-      ((LANES, LANES), "float32", (LANES, LANES), lambda s, rank: (0, 0)),
-      ((ROWS, LANES), "float32", (ROWS, LANES), lambda s, rank: (0, 0)),
+      ((LANES, LANES), "float32", (LANES, LANES), lambda s, chunk: (0, 0)),
+      ((ROWS, LANES), "float32", (ROWS, LANES), lambda s, chunk: (0, 0)),
     ]
   aliases = {}
-  if k > 0:  # the values so far, written in place: never read here
-    aliases = {1 + len(inputs): 0}  # (after the rank)
+  if into:  # the values so far, written in place: never read here
+    aliases = {1 + len(inputs): 0}  # (after the chunk)
     inputs.append((where.values_shape, element, pl.ANY, None))
   chunk = tiles // members
   flops = chunk * ROWS * LANES * ((2 * LANES + 2) if rotate else 1)
@@ -621,6 +651,13 @@ def dequantize_permuted_module(
   return _lower(
     target, "equarx_dequantize", kernel, (where.steps,), inputs, outputs, flops, aliases, rank=True
   )
+
+
+def _chunk_of(em: Emitter, rank: ir.Value, k: int, members: int) -> ir.Value:
+  """Chunk (rank + k) % members, i32 [1] as rank: a permuted kernel's scalar operand."""
+  if k == 0:
+    return rank
+  return em.reshape(em.mod(em.add_i32(em.reshape(rank, ()), k), members), (1,))
 
 
 class QuantizeKernels:
@@ -781,7 +818,7 @@ class QuantizeKernels:
     )
 
   def _packed_type(self, em: Emitter, tiles: int, members: int, columns: int) -> ir.Type:
-    where = _Chunk(tiles, members, columns, 0)
+    where = _Chunk(tiles, members, columns)
     return ir.RankedTensorType.get(where.packed[0], em.i8)
 
   def quantize_permuted(
@@ -793,8 +830,9 @@ class QuantizeKernels:
     members: int,
     columns: int = 0,
   ) -> list[ir.Value]:
-    """x's chunks quantized and packed, one kernel each: the k-th is chunk (rank + k) %
-    members, the one to send k places on.  x and `columns` as quantize's; rank i32 [1]."""
+    """x's chunks quantized and packed, one call each of one kernel: the k-th is chunk
+    (rank + k) % members, the one to send k places on.  x and `columns` as quantize's;
+    rank i32 [1]."""
     tiles = math.prod(shape_of(x)) // (ROWS * LANES)
     element = str(ir.RankedTensorType(x.type).element_type)
     rotate = matrix is not None
@@ -802,18 +840,13 @@ class QuantizeKernels:
     packed = self._packed_type(em, tiles, members, columns)
     self.notes.append(("quantize", ""))
     chunks = []
+    key = ("quantize", (tiles,), element, rotate, columns, 0, members)
+    lowered = functools.partial(
+      quantize_permuted_module, self.target, tiles, element, rotate, columns, members
+    )
     for k in range(members):
-      key = ("quantize", (tiles,), element, rotate, columns, k, members)
-      (chunk,) = self._call(
-        em,
-        key,
-        functools.partial(
-          quantize_permuted_module, self.target, tiles, element, rotate, columns, members, k
-        ),
-        [rank, flat, *([matrix] if matrix is not None else [])],
-        [packed],
-        f"_chunk_{k}_on_of_{members}",
-      )
+      operands = [_chunk_of(em, rank, k, members), flat, *([matrix] if matrix is not None else [])]
+      (chunk,) = self._call(em, key, lowered, operands, [packed], f"_chunk_of_{members}")
       chunks.append(chunk)
     return chunks
 
@@ -845,9 +878,9 @@ class QuantizeKernels:
     rotation: tuple[ir.Value, ir.Value] | None,
     columns: int = 0,
   ) -> ir.Value:
-    """The packed chunks gathered (the k-th from k ranks back) -> values of `element` in
-    quantize's layout, one kernel a chunk, each writing into the values the one before
-    wrote."""
+    """The packed chunks gathered (the k-th from k ranks back, chunk (rank - k) % members)
+    -> values of `element` in quantize's layout, one call a chunk, each later one writing
+    into the values the one before wrote."""
     members = len(gathered)
     name = str(element)
     rotate = rotation is not None
@@ -855,16 +888,19 @@ class QuantizeKernels:
     self.notes.append(("dequantize", ""))
     values: ir.Value | None = None
     for k, chunk in enumerate(gathered):
-      key = ("dequantize", (tiles,), name, rotate, columns, k, members)
+      into = values is not None
+      key = ("dequantize", (tiles,), name, rotate, columns, int(into), members)
+      lowered = functools.partial(
+        dequantize_permuted_module, self.target, tiles, name, rotate, columns, members, into
+      )
+      operands = [_chunk_of(em, rank, -k, members), chunk, *(rotation or ())]
       (values,) = self._call(
         em,
         key,
-        functools.partial(
-          dequantize_permuted_module, self.target, tiles, name, rotate, columns, members, k
-        ),
-        [rank, chunk, *(rotation or ()), *([values] if values is not None else [])],
+        lowered,
+        operands + ([values] if values is not None else []),
         [ir.RankedTensorType.get(out, element)],
-        f"_chunk_{k}_back_of_{members}",
+        f"_chunk_{'into' if into else 'new'}_of_{members}",
       )
     assert values is not None
     return values

@@ -58,9 +58,10 @@ Form = Literal["auto", "tiled", "flat", "kernel"]
 FORMS = get_args(Form)
 # How the kernel form's two-shot exchanges its chunks: collectives = all-to-all and
 # all-gather; permutes = collective-permutes of packed chunks where the platform has them
-# (TPU, inside fast links; quantize_kernel.KernelExchange), else the collectives.  Not the
-# default: its TPU compile is 5 to 20 times longer (BUILD_NOTES, "collective-permutes of
-# packed chunks").
+# (TPU, inside fast links; quantize_kernel.KernelExchange), else the collectives.  The
+# permutes by default: they overlap the transfers with the kernels, for 1.6 to 3.4 times
+# the collectives' TPU compile, about a second a site (BUILD_NOTES, "collective-permutes
+# of packed chunks").
 KernelExchangeFlag = Literal["collectives", "permutes"]
 KERNEL_EXCHANGES = get_args(KernelExchangeFlag)
 Hierarchy = Literal["auto", "flat"]
@@ -112,7 +113,7 @@ class Policy:
   identity: bool = False
   platform: Platform = "auto"  # where the program runs
   form: Form = "auto"  # the emitted form
-  kernel_exchange: KernelExchangeFlag = "collectives"  # the kernel form's exchange
+  kernel_exchange: KernelExchangeFlag = "permutes"  # the kernel form's exchange
   # Rewrite every site the size and dtype policy selects, whatever the cost model
   # predicts (experiments; measuring the emitted form on fast links).
   force: bool = False
@@ -693,11 +694,10 @@ FLAGS = {
       "equarx_kernel_exchange",
       "kernel_exchange",
       _parse_str,
-      "how the kernel form's two-shot moves its chunks: `collectives` (the default: an "
-      "all-to-all and an all-gather each of codes and of scales) or `permutes` (on TPU "
+      "how the kernel form's two-shot moves its chunks: `permutes` (the default: on TPU "
       "inside fast links, N - 1 collective-permutes each way of chunks with their scales "
-      "packed in, so that the transfers run under the kernels; its TPU compile takes 5 to "
-      "20 times as long; elsewhere the collectives)",
+      "packed in, so that the transfers run under the kernels; elsewhere the collectives) "
+      "or `collectives` (an all-to-all and an all-gather each of codes and of scales)",
       metavar="E",
     ),
     Flag(
