@@ -39,7 +39,10 @@ chip's codes and all_gather of a chip's share, the same with the f32 scales besi
 (one a row of 128, in their own all_to_all and all_gather, as the tiled and kernel forms
 send them); the ring's 2 (N - 1) collective-permutes of a chip's share, one after the
 other.  No quantization, no sum: the part of a form's
-estimate that no emitted form of that algorithm can avoid.
+estimate that no emitted form of that algorithm can avoid.  A fourth, two-shot's passes
+alone, adds the least local work: the operand cast to int8, the codes summed in int8, the
+gathered codes cast back, each its own pass over HBM as every emitted form's stages are
+(no scales, maxima or rotation): a floor under any such form's on-chip estimate.
 
 Writes results/tpu.json (or --out) and a PNG plot next to it.
 """
@@ -64,12 +67,15 @@ ALONE = (
   "two_shot collectives alone",
   "two_shot+scales collectives alone",
   "ring collectives alone",
+  "two_shot passes alone",
 )
 
 
 def program_label(scheme: str) -> str:
   if scheme in ALONE:
     name = scheme.replace("_", "-").replace(" collectives", "'s collectives")
+    if scheme.endswith("passes alone"):
+      return "two-shot's passes alone (int8 casts)"
     return name.replace("+scales's", "'s") + (
       " (int8, f32 scales)" if "+scales" in name else " (int8)"
     )
@@ -120,6 +126,31 @@ def collectives_alone(jax, n: int, values: int, algorithm: str):
     jax.shard_map(exchange, mesh=mesh, in_specs=(P("x"),) * len(args), out_specs=P("x"))
   )
   return program.lower(*args).compiler_ir("stablehlo")
+
+
+def passes_alone(jax, n: int, values: int, dtype):
+  """Two-shot over `values` of `dtype` per chip with its stages as separate passes and no
+  arithmetic of its own: the operand cast to int8, an all_to_all, the members' codes
+  summed in int8, an all_gather, a cast back.  No scales, maxima or rotation: the least a
+  two-shot whose stages each read and write HBM (every form this pass emits) can cost on
+  chip."""
+  import numpy as np
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
+  jnp = jax.numpy
+  if values % (1024 * n):
+    raise ValueError(f"{values} values per chip are not whole (8, 128) tiles per member")
+
+  def passes(x):
+    codes = x.reshape(n, -1, 8, 128).astype(jnp.int8)
+    pieces = jax.lax.all_to_all(codes, "x", 0, 0, tiled=True)
+    share = pieces.sum(0, dtype=jnp.int8)
+    return jax.lax.all_gather(share, "x", tiled=True).astype(x.dtype).reshape(-1)
+
+  mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+  program = jax.jit(jax.shard_map(passes, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+  return program.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
 
 
 # Instructions that do no work of their own between an async collective's start and done.
@@ -262,7 +293,9 @@ def main() -> int:
             scheme=scheme,
             native_ring_bytes=native_ring,
           )
-          if scheme in ALONE:
+          if scheme.endswith("passes alone"):
+            mod = passes_alone(jax, n, values, dtype)
+          elif scheme in ALONE:
             mod = collectives_alone(jax, n, values, scheme.split()[0])
           elif scheme:
             policy = equarx_pass.Policy.from_flags(scheme + " --equarx_min_bytes=0 --equarx_force")
