@@ -84,6 +84,9 @@ class RewriteContext:
       kernel_exchange=cand.route.kernel_exchange
       if isinstance(cand.route, plan.FlatRoute)
       else KernelExchange.COLLECTIVES,
+      kernel_exchange_why=cand.route.kernel_exchange_why
+      if isinstance(cand.route, plan.FlatRoute)
+      else "",
     )
 
 

@@ -25,7 +25,13 @@ from equarx_pass.errors import FlagError
 
 TPU_FORM = "--equarx_enable --equarx_min_bytes=0 --equarx_force --equarx_platform=tpu "
 SCHEMES = ["", "--equarx_rotation=none --equarx_block_size=128"]
-ALL_KERNELS = "kernel form (Pallas quantize + sum + dequantize, Pallas interpreter)"
+ALL_KERNELS = "kernel form (Pallas quantize + sum + dequantize, Pallas interpreter"
+
+
+def kept(why: str) -> str:
+  """The end of the report of a site that keeps the all-to-all and all-gather where the
+  permuted exchange (the default) was asked for."""
+  return f", all-to-all and all-gather: {why})"
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +83,7 @@ def test_kernel_form_equals_tiled_form_bit_for_bit(scheme, dtype, values):
   tiled, tiled_reason = _psum(scheme + " --equarx_form=tiled", values, dtype)
   kernel, reason = _psum(scheme + " --equarx_form=kernel", values, dtype)
   assert tiled_reason.endswith("; tiled form")
-  assert reason.endswith(ALL_KERNELS), reason
+  assert ALL_KERNELS in reason, reason
   _same_bits(kernel, tiled)
   assert np.isnan(kernel).any() and np.isfinite(kernel).mean() > 0.9
 
@@ -93,7 +99,7 @@ def test_kernel_form_under_an_explicit_mesh(values):
       fn = equarx_pass.jit(lambda a: jnp.sum(a, axis=0), flags=TPU_FORM + "--equarx_form=" + form)
       outs[form] = np.asarray(fn(x).astype(jnp.float32))
       (record,) = fn.report.records
-  assert record.reason.endswith(ALL_KERNELS), record.reason
+  assert ALL_KERNELS in record.reason, record.reason
   _same_bits(outs["kernel"], outs["tiled"])
   quantize_kernel.sum_module.cache_clear()  # lowered here, not by an earlier test
   for platform in ("tpu", "cuda"):
@@ -128,7 +134,7 @@ def test_a_large_operand_in_parts_equals_the_tiled_form(scheme, dtype, monkeypat
   tiled, _ = _psum(scheme + " --equarx_form=tiled", x, dtype)
   kernel, reason = _psum(scheme + " --equarx_form=kernel", x, dtype)
   parts = 4 if dtype == jnp.float32 else 2
-  assert reason.endswith(f"Pallas interpreter, in {parts} parts)"), reason
+  assert reason.endswith(f"Pallas interpreter, in {parts} parts" + kept("the operands in parts"))
   _same_bits(kernel, tiled)
 
 
@@ -136,8 +142,8 @@ def test_parts_are_chained_and_written_in_place(monkeypatch):
   monkeypatch.setattr(quantize_kernel, "PART_BYTES", 256 << 10)
   result = _kernel_form(_lowered_psum("tpu", jnp.float32, rows=256), "--equarx_platform=tpu")
   assert result.records[0].reason.endswith(
-    "(Pallas quantize + sum + dequantize, Mosaic, in 4 parts)"
-  )
+    "(Pallas quantize + sum + dequantize, Mosaic, in 4 parts" + kept("links between domains")
+  ), result.records[0].reason
   out = result.text
   calls = [line.strip() for line in out.splitlines() if "func.call @equarx_" in line]
   quantizes = [c for c in calls if "@equarx_quantize" in c]
@@ -215,7 +221,7 @@ def test_the_permuted_exchange_sends_each_chunk_by_one_permute():
       "Triton)",
     ),
     # Each device a domain of its own.
-    ("tpu", "--equarx_platform=tpu --equarx_kernel_exchange=permutes", "Mosaic)"),
+    ("tpu", "--equarx_platform=tpu", "Mosaic" + kept("links between domains")),
     # Asked for.
     (
       "tpu",
@@ -228,6 +234,18 @@ def test_the_collectives_stay_on_gpu_across_domains_and_when_asked(platform, fla
   result = _kernel_form(_lowered_psum(platform, rows=256), flags)
   assert result.records[0].reason.endswith(ends), result.records[0].reason
   assert "collective_permute" not in result.text and "all_to_all" in result.text
+
+
+def test_a_site_that_keeps_the_collectives_says_why():
+  # One slice, steps of 8 tiles (bf16): the packed scales need steps of 32.
+  text = _lowered_psum("tpu", rows=64)
+  result = _kernel_form(text, "--equarx_platform=tpu --equarx_domains=1")
+  ends = "Mosaic" + kept("steps of 8 tiles, not a multiple of 32")
+  assert result.records[0].reason.endswith(ends), result.records[0].reason
+  assert "collective_permute" not in result.text
+  # Asked for, the collectives need no reason.
+  flags = "--equarx_platform=tpu --equarx_domains=1 --equarx_kernel_exchange=collectives"
+  assert _kernel_form(text, flags).records[0].reason.endswith("Mosaic)")
 
 
 @pytest.mark.parametrize(
@@ -299,9 +317,10 @@ def test_lowered_for_a_device_the_site_calls_its_kernels(platform, form, call):
   result = _kernel_form(_lowered_psum(platform), f"--equarx_platform={form}")
   text = result.text
   where = {"tpu": "Mosaic", "gpu": "Triton"}[form]
-  assert result.records[0].reason.endswith(
-    f"kernel form (Pallas quantize + sum + dequantize, {where})"
-  ), result.records[0].reason
+  # Each CPU device a domain of its own: the permutes stay inside fast links.
+  ends = f"kernel form (Pallas quantize + sum + dequantize, {where}"
+  ends += kept("links between domains") if form == "tpu" else ")"
+  assert result.records[0].reason.endswith(ends), result.records[0].reason
   assert text.count(f"stablehlo.custom_call {call}") == 3
   for stage in ("quantize", "sum", "dequantize"):
     assert f"func.call @equarx_{stage}_" in text
@@ -313,7 +332,8 @@ def test_lowered_for_a_device_the_site_calls_its_kernels(platform, form, call):
 def test_lowered_for_a_device_the_parts_alias_the_result(platform, form, monkeypatch):
   monkeypatch.setattr(quantize_kernel, "PART_BYTES", 64 << 10)
   result = _kernel_form(_lowered_psum(platform), f"--equarx_platform={form}")
-  assert result.records[0].reason.endswith(" in 2 parts)"), result.records[0].reason
+  ends = " in 2 parts" + (kept("links between domains") if form == "tpu" else ")")
+  assert result.records[0].reason.endswith(ends), result.records[0].reason
   # The second part's dequantize writes into the first's result.
   assert result.text.count("output_operand_aliases") == 1
 
@@ -360,7 +380,8 @@ def test_the_permuted_kernels_compile_for_tpu(target):
 def test_parts_compile_for_tpu(monkeypatch):
   monkeypatch.setattr(quantize_kernel, "PART_BYTES", 256 << 10)
   result = _kernel_form(_lowered_psum("tpu", rows=256), "--equarx_compile_for=tpu:v5e:2x2")
-  assert result.records[0].reason.endswith("Mosaic, in 2 parts)")
+  reason = result.records[0].reason
+  assert reason.endswith("Mosaic, in 2 parts" + kept("the operands in parts")), reason
   assert result.tpu.hlo_text.count('custom_call_target="tpu_custom_call"') == 6
   # Nothing copies the operand or the result for the parts written in place.
   copies = [

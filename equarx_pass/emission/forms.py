@@ -87,6 +87,9 @@ class SitePlan:
   # How the kernel form's two-shot moves its chunks (the plan's choice, which a site's
   # shape can still turn back to the collectives: TiledSite.permuted).
   kernel_exchange: quantize_kernel.KernelExchange = quantize_kernel.KernelExchange.COLLECTIVES
+  # Why the plan kept the collectives where the permutes were asked for ("" where it did
+  # not, or they were not asked for): the report says it.
+  kernel_exchange_why: str = ""
 
   @property
   def rotation_size(self) -> int:
@@ -278,10 +281,14 @@ class TiledSite:
       tiles = plan.layout.padded // (SUBLANES * LANES)
       why = why or self._kernels.permuted_why_not(tiles, self.n, str(entry), self._columns)
       self.permuted = not why
-      exchange = (
-        permutes.value if not why else f"{quantize_kernel.KernelExchange.COLLECTIVES.value}: {why}"
-      )
-      self._kernels.notes.append(("exchange", exchange))
+      kept = why
+      if self.permuted:
+        self._kernels.notes.append(("exchange", permutes.value))
+    else:
+      kept = plan.kernel_exchange_why  # the plan's reason, where permutes were asked for
+    if self._kernels is not None and kept:
+      collectives = quantize_kernel.KernelExchange.COLLECTIVES.value
+      self._kernels.notes.append(("exchange", f"{collectives}: {kept}"))
     if self._columns:
       lead, rows, cols = self.tiles  # type: ignore[misc]
       x = em.reshape(em.convert(operands[0], entry), (lead * rows * SUBLANES, cols * LANES))

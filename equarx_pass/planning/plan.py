@@ -72,8 +72,10 @@ class FlatRoute(Route):
   layout: ChunkLayout  # the scheme's chunks (the candidate's, unless the format fixes others)
   # With --equarx_calibration, why this all-reduce keeps the dynamic scheme.
   not_calibrated: str = ""
-  # Under --equarx_form=kernel, how two-shot's kernels exchange the chunks.
+  # Under --equarx_form=kernel, how two-shot's kernels exchange the chunks, and why not by
+  # the permutes asked for where the platform has them (for the report).
   kernel_exchange: quantize_kernel.KernelExchange = quantize_kernel.KernelExchange.COLLECTIVES
+  kernel_exchange_why: str = ""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -281,11 +283,14 @@ def _priced(
   exchange = None
   if tiles is not None and _kernel_priced(policy, scheme, tiles, cand, topology.platform):
     exchange = quantize_kernel.KernelExchange.COLLECTIVES
-    if isinstance(route, FlatRoute) and not _permutes_why_not(cand, route, policy, topology):
+    why = _permutes_why_not(cand, route, policy, topology) if isinstance(route, FlatRoute) else ""
+    if isinstance(route, FlatRoute) and not why:
       exchange = quantize_kernel.KernelExchange.PERMUTES
       # 2 (N - 1) collective-permutes where two-shot has two collectives.
       rewritten = dataclasses.replace(route.rewritten, fast_steps=2 * (route.members - 1))
       route = dataclasses.replace(route, rewritten=rewritten, kernel_exchange=exchange)
+    elif isinstance(route, FlatRoute) and _permutes_asked(policy, topology):
+      route = dataclasses.replace(route, kernel_exchange_why=why)
   prediction = cost.predict(
     route.native,
     route.rewritten,
@@ -332,6 +337,12 @@ def _kernel_priced(
   # 16-bit floats enter the kernels as they are; a TPU has no f16 arithmetic.
   f16 = platform == "tpu" and any(o.dtype == "f16" for o in cand.site.operands)
   return not why and not f16
+
+
+def _permutes_asked(policy: Policy, topology: Topology) -> bool:
+  """Whether the kernel form's permuted exchange is asked for (the default) where the
+  platform has it: a site that keeps the collectives then says why."""
+  return policy.kernel_exchange == "permutes" and rules_for(topology.platform).kernel_permutes
 
 
 def _permutes_why_not(cand: Candidate, route: FlatRoute, policy: Policy, topology: Topology) -> str:
