@@ -132,10 +132,54 @@ def test_a_large_operand_in_parts_equals_the_tiled_form(scheme, dtype, monkeypat
   x[2, 100, :128] *= 1e4
   x[6, 255, 1023] = np.inf
   tiled, _ = _psum(scheme + " --equarx_form=tiled", x, dtype)
-  kernel, reason = _psum(scheme + " --equarx_form=kernel", x, dtype)
+  flags = scheme + " --equarx_form=kernel --equarx_kernel_exchange=collectives"
+  kernel, reason = _psum(flags, x, dtype)
   parts = 4 if dtype == jnp.float32 else 2
-  assert reason.endswith(f"Pallas interpreter, in {parts} parts" + kept("the operands in parts"))
+  assert reason.endswith(f"Pallas interpreter, in {parts} parts)"), reason
   _same_bits(kernel, tiled)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_the_permuted_exchange_in_parts_equals_the_tiled_form(scheme, dtype, monkeypatch):
+  # Parts of 512 KiB: a [512, 1024] operand per rank over 4 ranks goes through the
+  # permuted exchange in 4 (f32) or 2 (bf16) parts of 4 chunks of 32 or 64 tiles.
+  monkeypatch.setattr(quantize_kernel, "PART_BYTES", 512 << 10)
+  rng = np.random.default_rng(7)
+  x = rng.standard_normal((4, 512, 1024)).astype(np.float32)
+  x[1, 300, :128] *= 1e4
+  x[3, 511, 1023] = np.inf
+  x[2, 17, 5] = np.nan
+  mesh = Mesh(np.array(jax.devices()[:4]), ("tp",))
+  outs, reasons = {}, {}
+  for form in ("tiled", "kernel"):
+    fn = equarx_pass.jit(psum_program(mesh, "tp"), flags=f"{TPU_FORM}{scheme} --equarx_form={form}")
+    outs[form] = np.asarray(fn(jnp.asarray(x.reshape(-1, 1024), dtype)).astype(jnp.float32))
+    (record,) = fn.report.records
+    reasons[form] = record.reason
+  parts = 4 if dtype == jnp.float32 else 2
+  assert reasons["kernel"].endswith(f"interpreter, in {parts} parts, {PERMUTED.split(', ')[1]}")
+  _same_bits(outs["kernel"], outs["tiled"])
+  assert np.isnan(outs["kernel"]).any()
+
+
+def test_permuted_parts_are_chained_and_written_in_place(monkeypatch):
+  # 4 ranks of 256 tiles of bf16 in parts of 256 KiB: 2 parts of 4 chunks of 32 tiles.
+  monkeypatch.setattr(quantize_kernel, "PART_BYTES", 256 << 10)
+  result = _kernel_form(_lowered_psum("tpu", rows=256), "--equarx_platform=tpu --equarx_domains=1")
+  reason = result.records[0].reason
+  assert reason.endswith("Mosaic, in 2 parts, collective-permutes of packed chunks)"), reason
+  text = result.text
+  assert text.count('"stablehlo.collective_permute"') == 2 * 6
+  calls = [line.strip() for line in text.splitlines() if "func.call @equarx_" in line]
+  stages = [c.split("@equarx_")[1].split("_")[0] for c in calls]
+  assert stages == (["quantize"] * 4 + ["sum"] + ["dequantize"] * 4) * 2
+  # The second part's quantizes take the first part's values (an order, not an input);
+  # its first dequantize writes into them.
+  written = [c for c in calls if "@equarx_dequantize" in c][3].split(" = ")[0]
+  for call in calls[9:13]:
+    assert call.split("(")[1].split(")")[0].split(", ")[-1] == written
+  assert calls[14].split("(")[1].split(")")[0].split(", ")[-1] == written
 
 
 def test_parts_are_chained_and_written_in_place(monkeypatch):
@@ -377,12 +421,17 @@ def test_the_permuted_kernels_compile_for_tpu(target):
 
 
 @pytest.mark.libtpu
-def test_parts_compile_for_tpu(monkeypatch):
+@pytest.mark.parametrize(
+  "exchange,ends,kernels",
+  [("collectives", "in 2 parts)", 6), ("permutes", "in 2 parts, " + PERMUTED.split(", ")[1], 18)],
+)
+def test_parts_compile_for_tpu(monkeypatch, exchange, ends, kernels):
   monkeypatch.setattr(quantize_kernel, "PART_BYTES", 256 << 10)
-  result = _kernel_form(_lowered_psum("tpu", rows=256), "--equarx_compile_for=tpu:v5e:2x2")
+  flags = f"--equarx_compile_for=tpu:v5e:2x2 --equarx_kernel_exchange={exchange}"
+  result = _kernel_form(_lowered_psum("tpu", rows=256), flags)
   reason = result.records[0].reason
-  assert reason.endswith("Mosaic, in 2 parts" + kept("the operands in parts")), reason
-  assert result.tpu.hlo_text.count('custom_call_target="tpu_custom_call"') == 6
+  assert reason.endswith("Mosaic, " + ends), reason
+  assert result.tpu.hlo_text.count('custom_call_target="tpu_custom_call"') == kernels
   # Nothing copies the operand or the result for the parts written in place.
   copies = [
     line

@@ -276,10 +276,14 @@ class TiledSite:
     permutes = quantize_kernel.KernelExchange.PERMUTES
     if self._kernels is not None and plan.kernel_exchange is permutes:
       why = "a reduce-scatter or all-gather" if pieces is not None else ""
-      why = why or ("the operands in parts" if self.parts > 1 else "")
       why = why or ("several element types" if not single else "")
-      tiles = plan.layout.padded // (SUBLANES * LANES)
-      why = why or self._kernels.permuted_why_not(tiles, self.n, str(entry), self._columns)
+      if not why:
+        tiles = plan.layout.padded // (SUBLANES * LANES)
+        itemsize = ir.FloatType(entry).width // 8
+        parts, why = self._kernels.permuted_parts(
+          tiles, self.n, str(entry), itemsize, self._columns
+        )
+        self.parts = parts or self.parts  # the permuted exchange's own parts
       self.permuted = not why
       kept = why
       if self.permuted:
@@ -399,7 +403,15 @@ class TiledSite:
     assert self._kernels is not None and self.permuted
     matrix = self._matrix(self._unrotated) if self.size else None
     return self._kernels.quantize_permuted(
-      self.em, self._unrotated, matrix, rank, self.n, self._columns
+      self.em,
+      self._unrotated,
+      matrix,
+      rank,
+      self.n,
+      self._columns,
+      self._part,
+      self.parts,
+      self._written,
     )
 
   def sum_permuted(self, received: list[ir.Value], rank: ir.Value) -> ir.Value:
@@ -407,7 +419,7 @@ class TiledSite:
     summed in group order and packed again."""
     assert self._kernels is not None
     tiles = self.layout.padded // (SUBLANES * LANES)
-    return self._kernels.sum_permuted(self.em, received, rank, tiles, self._columns)
+    return self._kernels.sum_permuted(self.em, received, rank, tiles, self._columns, self.parts)
 
   def dequantize_permuted(self, gathered: list[ir.Value], rank: ir.Value) -> ir.Value:
     """The packed sums gathered (the k-th from k ranks back) -> all the values, in the
@@ -418,7 +430,16 @@ class TiledSite:
     element = kinds.pop() if len(kinds) == 1 else em.f32
     tiles = self.layout.padded // (SUBLANES * LANES)
     return self._kernels.dequantize_permuted(
-      em, gathered, rank, tiles, element, self._inverse_rotation(), self._columns
+      em,
+      gathered,
+      rank,
+      tiles,
+      element,
+      self._inverse_rotation(),
+      self._columns,
+      self._part,
+      self.parts,
+      self._written,
     )
 
   def _inverse_rotation(self) -> tuple[ir.Value, ir.Value] | None:
@@ -568,6 +589,19 @@ class TiledSite:
     if self.tiles is not None:
       return [self._from_tile_order(values)]
     return self.em.unflatten_like(values, self.types)
+
+  def finish_permuted(self, emit_part: Callable[[], ir.Value]) -> list[ir.Value]:
+    """The permuted exchange over self.parts parts of the operand, one after the other:
+    emit_part() (the algorithm's emit_permuted) writes the current part's values into the
+    values so far, which the next part's quantize waits for (as finish_parts)."""
+    assert self._kernels is not None
+    if self.parts > 1:
+      self._kernels.notes.append(("parts", str(self.parts)))
+    for part in range(self.parts):
+      self._part = part
+      self._written = emit_part()
+    assert self._written is not None
+    return self._results(self._written)
 
   def finish_parts(self, emit_part: Callable[[], tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
     """The kernel form over self.parts parts of the operand, one after the other: for

@@ -448,43 +448,75 @@ class KernelExchange(enum.Enum):
 PERMUTE_MAX_MEMBERS = 16
 
 
-def permuted_step(tiles: int, members: int, columns: int = 0) -> int:
+def permuted_step(tiles: int, members: int, columns: int = 0, parts: int = 1) -> int:
   """Tiles per grid step of the permuted exchange's kernels (all three share it: it is
-  the packed chunks' layout): a divisor of a chunk's tiles and, with `columns`, of a
-  column's; at most 256 KiB of codes, and 1 MiB over all the sum kernel's operands from
-  4 members on (the scales of each operand unpack into 4 bytes a code: at 256 tiles a
-  step, 16 members ran out of v5e's scoped VMEM)."""
-  chunk = tiles // members
+  the packed chunks' layout): a divisor of a chunk's tiles (of `parts` parts' N chunks
+  each) and, with `columns`, of a column's; at most 256 KiB of codes, and 1 MiB over all
+  the sum kernel's operands from 4 members on (the scales of each operand unpack into 4
+  bytes a code: at 256 tiles a step, 16 members ran out of v5e's scoped VMEM)."""
+  chunk = tiles // (members * parts)
   most = TILES_PER_STEP_TPU * 4 // max(members, 4)
   return math.gcd(chunk, tiles // max(columns, 1), most)
 
 
-def permuted_why_not(target: Target, tiles: int, members: int, columns: int = 0) -> str:
-  """Why the permuted exchange cannot take `tiles` tiles over `members` ranks ("": it
-  can)."""
+def permuted_why_not(
+  target: Target, tiles: int, members: int, columns: int = 0, parts: int = 1
+) -> str:
+  """Why the permuted exchange cannot take `tiles` tiles over `members` ranks in `parts`
+  parts ("": it can)."""
+  return _permutes_why_not(target, members) or _steps_why_not(tiles, members, columns, parts)
+
+
+def _permutes_why_not(target: Target, members: int) -> str:
   if target == "cuda":
     return "Triton kernels take no scalar operand for their index maps"
   if not 2 <= members <= PERMUTE_MAX_MEMBERS:
     return f"{members} members, not 2 to {PERMUTE_MAX_MEMBERS}"
-  step = permuted_step(tiles, members, columns)
-  if tiles % members or step % packed_scales.STEP_MULTIPLE:
+  return ""
+
+
+def _steps_why_not(tiles: int, members: int, columns: int, parts: int) -> str:
+  if tiles % (members * parts):
+    return f"{tiles} tiles are not {members * parts} chunks of whole tiles"
+  step = permuted_step(tiles, members, columns, parts)
+  if step % packed_scales.STEP_MULTIPLE:
     return f"steps of {step} tiles, not a multiple of {packed_scales.STEP_MULTIPLE}"
   return ""
 
 
+def permuted_parts(
+  target: Target, tiles: int, members: int, itemsize: int, columns: int = 0
+) -> tuple[int, str]:
+  """How many parts the permuted exchange takes `tiles` tiles of values in, one after
+  the other, as the collectives' parts do (QuantizeKernels.parts_for): the fewest of at
+  most PART_BYTES of values each (up to 64 times as many) whose chunks are whole steps of
+  a multiple of 32 tiles; (0, why) where there are none."""
+  why = _permutes_why_not(target, members)
+  if why:
+    return 0, why
+  least = max(1, -(-tiles * ROWS * LANES * itemsize // PART_BYTES))
+  for parts in range(least, min(tiles // members, 64 * least) + 1):
+    if not _steps_why_not(tiles, members, columns, parts):
+      return parts, ""
+  why = _steps_why_not(tiles, members, columns, least)
+  return 0, why if least == 1 else f"in {least} parts or more, {why}"
+
+
 class _Chunk:
-  """For the permuted exchange, a chunk of values of `tiles` tiles over `members` ranks,
+  """For the permuted exchange, a chunk of values of `tiles` tiles over `members` ranks
+  (in `parts` parts),
   which one given at run time (the kernel's scalar operand): the values' spec (a block:
   `step` tiles down one column, or `step` tiles) and its packed chunk's.  The chunk is
   an operand, not part of the kernel, so that one kernel serves every chunk: libtpu
   compiles each distinct kernel of a program, and N of them made the exchange's compile
   grow with N."""
 
-  def __init__(self, tiles: int, members: int, columns: int):
+  def __init__(self, tiles: int, members: int, columns: int, parts: int = 1):
     from jax import lax
 
-    self.step = step = permuted_step(tiles, members, columns)
-    chunk = tiles // members
+    # With parts, the chunks are numbered over all of them: part p's chunk c is p N + c.
+    self.step = step = permuted_step(tiles, members, columns, parts)
+    chunk = tiles // (members * parts)
     self.steps = steps = chunk // step
     per_column = tiles // max(columns, 1)
 
@@ -520,17 +552,26 @@ def _rotated(jnp, x, matrix, precision):
 
 @functools.cache
 def quantize_permuted_module(
-  target: Target, tiles: int, dtype: str, rotate: bool, columns: int, members: int
+  target: Target,
+  tiles: int,
+  dtype: str,
+  rotate: bool,
+  columns: int,
+  members: int,
+  parts: int = 1,
+  after: bool = False,
 ) -> str:
   """The permuted exchange's quantize kernel: of x (quantize_module's layouts), the chunk
-  its scalar operand names (of `members`), quantized as quantize_module does and packed
-  (packed_scales.py): int8 [chunk tiles + chunk tiles / 32, 8, 128]."""
+  its scalar operand names (of `members` a part, `parts` parts), quantized as
+  quantize_module does and packed (packed_scales.py): int8 [chunk tiles + chunk tiles /
+  32, 8, 128].  `after`: the values the parts before wrote are an operand too, never
+  read: the part waits for them."""
   import jax
   import jax.numpy as jnp
   from jax.experimental import pallas as pl
 
   element = _DTYPES[dtype]
-  where = _Chunk(tiles, members, columns)
+  where = _Chunk(tiles, members, columns, parts)
   step = where.step
   precision = jax.lax.Precision.HIGHEST if element == "float32" else None
 
@@ -544,14 +585,18 @@ def quantize_permuted_module(
   inputs = [where.values(element)]
   if rotate:
     inputs.append(((LANES, LANES), element, (LANES, LANES), lambda s, chunk: (0, 0)))
-  chunk = tiles // members
+  if after:
+    inputs.append((where.values_shape, element, pl.ANY, None))
+  chunk = tiles // (members * parts)
   flops = chunk * ROWS * LANES * ((2 * LANES if rotate else 0) + CODEC_FLOPS)
   name = "equarx_quantize"
   return _lower(target, name, kernel, (where.steps,), inputs, [where.packed], flops, rank=True)
 
 
 @functools.cache
-def sum_permuted_module(target: Target, tiles: int, members: int, columns: int) -> str:
+def sum_permuted_module(
+  target: Target, tiles: int, members: int, columns: int, parts: int = 1
+) -> str:
   """The permuted exchange's sum kernel: the `members` packed chunks received, the one
   in operand s from rank (rank - s) % members, summed as sum_module sums (in group order:
   the j-th term is operand (rank - j) % members, chosen at run time) and packed again.
@@ -565,7 +610,7 @@ def sum_permuted_module(target: Target, tiles: int, members: int, columns: int) 
   import jax.numpy as jnp
   from jax.experimental import pallas as pl
 
-  where = _Chunk(tiles, members, columns)
+  where = _Chunk(tiles, members, columns, parts)
   step, extra = where.step, packed_scales.scale_tiles(where.step)
 
   def kernel(rank_ref, *refs):
@@ -595,7 +640,7 @@ def sum_permuted_module(target: Target, tiles: int, members: int, columns: int) 
     out_ref[pl.ds(0, step)] = codes
     out_ref[pl.ds(step, extra)] = packed_scales.pack(jax, scales)
 
-  chunk = tiles // members
+  chunk = tiles // (members * parts)
   flops = chunk * ROWS * LANES * (2 * members + CODEC_FLOPS)
   inputs = [where.packed] * members
   buffers = (((step, ROWS, LANES), "float32"),)  # the sum so far
@@ -614,7 +659,14 @@ def sum_permuted_module(target: Target, tiles: int, members: int, columns: int) 
 
 @functools.cache
 def dequantize_permuted_module(
-  target: Target, tiles: int, dtype: str, rotate: bool, columns: int, members: int, into: bool
+  target: Target,
+  tiles: int,
+  dtype: str,
+  rotate: bool,
+  columns: int,
+  members: int,
+  into: bool,
+  parts: int = 1,
 ) -> str:
   """The permuted exchange's dequantize kernel for a packed chunk, the chunk its scalar
   operand names: dequantized as dequantize_module does, written into its place of the
@@ -626,7 +678,7 @@ def dequantize_permuted_module(
   from jax.experimental import pallas as pl
 
   element = _DTYPES[dtype]
-  where = _Chunk(tiles, members, columns)
+  where = _Chunk(tiles, members, columns, parts)
   step, extra = where.step, packed_scales.scale_tiles(where.step)
 
   def kernel(chunk_ref, packed_ref, *rest):
@@ -645,7 +697,7 @@ def dequantize_permuted_module(
   if into:  # the values so far, written in place: never read here
     aliases = {1 + len(inputs): 0}  # (after the chunk)
     inputs.append((where.values_shape, element, pl.ANY, None))
-  chunk = tiles // members
+  chunk = tiles // (members * parts)
   flops = chunk * ROWS * LANES * ((2 * LANES + 2) if rotate else 1)
   outputs = [where.values(element)]
   return _lower(
@@ -653,11 +705,13 @@ def dequantize_permuted_module(
   )
 
 
-def _chunk_of(em: Emitter, rank: ir.Value, k: int, members: int) -> ir.Value:
-  """Chunk (rank + k) % members, i32 [1] as rank: a permuted kernel's scalar operand."""
-  if k == 0:
+def _chunk_of(em: Emitter, rank: ir.Value, k: int, members: int, part: int = 0) -> ir.Value:
+  """Part `part`'s chunk (rank + k) % members, numbered over all parts (part * members +
+  it), i32 [1] as rank: a permuted kernel's scalar operand."""
+  if k == 0 and part == 0:
     return rank
-  return em.reshape(em.mod(em.add_i32(em.reshape(rank, ()), k), members), (1,))
+  chunk = em.mod(em.add_i32(em.reshape(rank, ()), k), members)
+  return em.reshape(em.add_i32(chunk, part * members) if part else chunk, (1,))
 
 
 class QuantizeKernels:
@@ -810,15 +864,20 @@ class QuantizeKernels:
     )
     return values
 
-  def permuted_why_not(self, tiles: int, members: int, element: str, columns: int = 0) -> str:
-    """Why the permuted exchange's kernels cannot take `tiles` tiles of `element` values
-    over `members` ranks ("": they can)."""
-    return self.why_not(tiles, element, columns) or permuted_why_not(
-      self.target, tiles, members, columns
-    )
+  def permuted_parts(
+    self, tiles: int, members: int, element: str, itemsize: int, columns: int = 0
+  ) -> tuple[int, str]:
+    """The parts the permuted exchange's kernels take `tiles` tiles of `element` values
+    over `members` ranks in, or (0, why they cannot): permuted_parts."""
+    why = self.why_not(tiles, element, columns)
+    if why:
+      return 0, why
+    return permuted_parts(self.target, tiles, members, itemsize, columns)
 
-  def _packed_type(self, em: Emitter, tiles: int, members: int, columns: int) -> ir.Type:
-    where = _Chunk(tiles, members, columns)
+  def _packed_type(
+    self, em: Emitter, tiles: int, members: int, columns: int, parts: int
+  ) -> ir.Type:
+    where = _Chunk(tiles, members, columns, parts)
     return ir.RankedTensorType.get(where.packed[0], em.i8)
 
   def quantize_permuted(
@@ -829,41 +888,63 @@ class QuantizeKernels:
     rank: ir.Value,
     members: int,
     columns: int = 0,
+    part: int = 0,
+    parts: int = 1,
+    after: ir.Value | None = None,
   ) -> list[ir.Value]:
-    """x's chunks quantized and packed, one call each of one kernel: the k-th is chunk
-    (rank + k) % members, the one to send k places on.  x and `columns` as quantize's;
-    rank i32 [1]."""
+    """Part `part`'s chunks of x quantized and packed, one call each of one kernel: the
+    k-th is the part's chunk (rank + k) % members, the one to send k places on, `after`
+    the values the parts before wrote (an order, not an input).  x and `columns` as
+    quantize's; rank i32 [1]."""
     tiles = math.prod(shape_of(x)) // (ROWS * LANES)
     element = str(ir.RankedTensorType(x.type).element_type)
     rotate = matrix is not None
     flat = x if columns else em.reshape(x, (tiles, ROWS, LANES))
-    packed = self._packed_type(em, tiles, members, columns)
+    packed = self._packed_type(em, tiles, members, columns, parts)
     self.notes.append(("quantize", ""))
-    chunks = []
-    key = ("quantize", (tiles,), element, rotate, columns, 0, members)
+    follows = after if part > 0 else None
+    key = ("quantize", (tiles,), element, rotate, columns, int(follows is not None), parts)
     lowered = functools.partial(
-      quantize_permuted_module, self.target, tiles, element, rotate, columns, members
+      quantize_permuted_module,
+      self.target,
+      tiles,
+      element,
+      rotate,
+      columns,
+      members,
+      parts,
+      follows is not None,
     )
+    name = f"_chunk_of_{members}" + ("_after" if follows is not None else "")
+    chunks = []
     for k in range(members):
-      operands = [_chunk_of(em, rank, k, members), flat, *([matrix] if matrix is not None else [])]
-      (chunk,) = self._call(em, key, lowered, operands, [packed], f"_chunk_of_{members}")
+      operands = [_chunk_of(em, rank, k, members, part), flat]
+      operands += [matrix] if matrix is not None else []
+      operands += [follows] if follows is not None else []
+      (chunk,) = self._call(em, key, lowered, operands, [packed], name)
       chunks.append(chunk)
     return chunks
 
   def sum_permuted(
-    self, em: Emitter, received: list[ir.Value], rank: ir.Value, tiles: int, columns: int = 0
+    self,
+    em: Emitter,
+    received: list[ir.Value],
+    rank: ir.Value,
+    tiles: int,
+    columns: int = 0,
+    parts: int = 1,
   ) -> ir.Value:
     """The packed chunks received (operand s from s ranks back) summed in group order and
     packed again, one kernel."""
     members = len(received)
-    key = ("sum", (members, tiles), "i8", False, columns, 0, 1)
+    key = ("sum", (members, tiles), "i8", False, columns, 0, parts)
     self.notes.append(("sum", ""))
     (summed,) = self._call(
       em,
       key,
-      functools.partial(sum_permuted_module, self.target, tiles, members, columns),
+      functools.partial(sum_permuted_module, self.target, tiles, members, columns, parts),
       [rank, *received],
-      [self._packed_type(em, tiles, members, columns)],
+      [self._packed_type(em, tiles, members, columns, parts)],
       "_permuted",
     )
     return summed
@@ -877,30 +958,41 @@ class QuantizeKernels:
     element: ir.Type,
     rotation: tuple[ir.Value, ir.Value] | None,
     columns: int = 0,
+    part: int = 0,
+    parts: int = 1,
+    into: ir.Value | None = None,
   ) -> ir.Value:
-    """The packed chunks gathered (the k-th from k ranks back, chunk (rank - k) % members)
-    -> values of `element` in quantize's layout, one call a chunk, each later one writing
-    into the values the one before wrote."""
+    """Part `part`'s packed chunks gathered (the k-th from k ranks back, the part's chunk
+    (rank - k) % members) -> values of `element` in quantize's layout, one call a chunk,
+    each writing into the values the one before wrote (or `into`, the parts before's)."""
     members = len(gathered)
     name = str(element)
     rotate = rotation is not None
     out = (tiles // columns * ROWS, columns * LANES) if columns else (tiles, ROWS, LANES)
     self.notes.append(("dequantize", ""))
-    values: ir.Value | None = None
+    values = into
     for k, chunk in enumerate(gathered):
-      into = values is not None
-      key = ("dequantize", (tiles,), name, rotate, columns, int(into), members)
+      written = values is not None
+      key = ("dequantize", (tiles,), name, rotate, columns, int(written), parts)
       lowered = functools.partial(
-        dequantize_permuted_module, self.target, tiles, name, rotate, columns, members, into
+        dequantize_permuted_module,
+        self.target,
+        tiles,
+        name,
+        rotate,
+        columns,
+        members,
+        written,
+        parts,
       )
-      operands = [_chunk_of(em, rank, -k, members), chunk, *(rotation or ())]
+      operands = [_chunk_of(em, rank, -k, members, part), chunk, *(rotation or ())]
       (values,) = self._call(
         em,
         key,
         lowered,
         operands + ([values] if values is not None else []),
         [ir.RankedTensorType.get(out, element)],
-        f"_chunk_{'into' if into else 'new'}_of_{members}",
+        f"_chunk_{'into' if written else 'new'}_of_{members}",
       )
     assert values is not None
     return values

@@ -283,11 +283,14 @@ def _priced(
   exchange = None
   if tiles is not None and _kernel_priced(policy, scheme, tiles, cand, topology.platform):
     exchange = quantize_kernel.KernelExchange.COLLECTIVES
-    why = _permutes_why_not(cand, route, policy, topology) if isinstance(route, FlatRoute) else ""
+    parts, why = 0, ""
+    if isinstance(route, FlatRoute):
+      parts, why = _permuted_parts(cand, route, policy, topology)
     if isinstance(route, FlatRoute) and not why:
       exchange = quantize_kernel.KernelExchange.PERMUTES
-      # 2 (N - 1) collective-permutes where two-shot has two collectives.
-      rewritten = dataclasses.replace(route.rewritten, fast_steps=2 * (route.members - 1))
+      # 2 (N - 1) collective-permutes a part where two-shot has two collectives.
+      steps = 2 * (route.members - 1) * parts
+      rewritten = dataclasses.replace(route.rewritten, fast_steps=steps)
       route = dataclasses.replace(route, rewritten=rewritten, kernel_exchange=exchange)
     elif isinstance(route, FlatRoute) and _permutes_asked(policy, topology):
       route = dataclasses.replace(route, kernel_exchange_why=why)
@@ -345,25 +348,25 @@ def _permutes_asked(policy: Policy, topology: Topology) -> bool:
   return policy.kernel_exchange == "permutes" and rules_for(topology.platform).kernel_permutes
 
 
-def _permutes_why_not(cand: Candidate, route: FlatRoute, policy: Policy, topology: Topology) -> str:
-  """Why the kernel form's two-shot keeps the all-to-all and all-gather for this site
-  ("": the platform's collective-permutes of packed chunks,
-  quantize_kernel.KernelExchange)."""
+def _permuted_parts(
+  cand: Candidate, route: FlatRoute, policy: Policy, topology: Topology
+) -> tuple[int, str]:
+  """In how many parts the kernel form's two-shot exchanges this site by the platform's
+  collective-permutes of packed chunks (quantize_kernel.KernelExchange), or (0, why it
+  keeps the all-to-all and all-gather)."""
   layout = route.layout
   if policy.kernel_exchange != "permutes":
-    return "--equarx_kernel_exchange=collectives"
+    return 0, "--equarx_kernel_exchange=collectives"
   if not rules_for(topology.platform).kernel_permutes:
-    return f"no permuted exchange on {topology.platform}"
+    return 0, f"no permuted exchange on {topology.platform}"
   if cand.site.kind != SiteKind.ALL_REDUCE or not route.scheme.algo.has_permuted_exchange:
-    return "only two-shot all-reduces"
+    return 0, "only two-shot all-reduces"
   if route.rewritten.slow:
-    return "links between domains"
-  if layout.padded * _operand_bytes(cand)[1] > quantize_kernel.PART_BYTES:
-    return "the operands in parts"
+    return 0, "links between domains"
   if layout.block != quantize_kernel.LANES or layout.padded % (
     quantize_kernel.ROWS * quantize_kernel.LANES
   ):
-    return f"blocks of {layout.block} values"
+    return 0, f"blocks of {layout.block} values"
   tiles = layout.padded // (quantize_kernel.ROWS * quantize_kernel.LANES)
   # The columns of (8, 128) tiles the kernels read an operand of whole tiles in, where it
   # lies (forms.TiledSite): a step stays inside a column.
@@ -373,7 +376,8 @@ def _permutes_why_not(cand: Candidate, route: FlatRoute, policy: Policy, topolog
   if isinstance(grid, tuple) and grid[0] * grid[1] * grid[2] == tiles:
     if not quantize_kernel.shape_why_not("tpu", tiles, columns=grid[2]):
       columns = grid[2]
-  return quantize_kernel.permuted_why_not("tpu", tiles, route.members, columns)
+  itemsize = _operand_bytes(cand)[1]
+  return quantize_kernel.permuted_parts("tpu", tiles, route.members, itemsize, columns)
 
 
 def calibrated_routes(

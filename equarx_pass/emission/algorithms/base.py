@@ -127,7 +127,7 @@ class Algorithm:
     if tiled:
       site = TiledSite(operands, plan, channels)
       if site.permuted:
-        return site.finish_values(self.emit_permuted(site))
+        return site.finish_permuted(lambda: self.emit_permuted(site))
       if site.parts > 1:
         return site.finish_parts(lambda: self.emit_tiled(site))
       return site.finish(*self.emit_tiled(site))
