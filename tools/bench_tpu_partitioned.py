@@ -104,6 +104,8 @@ def main(argv=None) -> int:
   parser.add_argument("--flags", default="--equarx_enable")
   parser.add_argument("--out", default=os.path.join("results", "tpu_partitioned.json"))
   args = parser.parse_args(argv)
+  if min(args.slices) < 2:
+    parser.error("--slices: 2 or more (the tool counts the bytes between slices)")
   rows = []
   for topology in args.topologies:
     for slices in args.slices:
