@@ -265,21 +265,19 @@ class TiledSite:
     self.parts, self._part = 1, 0
     self._written: ir.Value | None = None  # the values the parts so far wrote
     single = len({t.element_type for t in self.types}) == 1 and self.types[0].element_type == entry
+    tiles = plan.layout.padded // (SUBLANES * LANES)
+    itemsize = ir.FloatType(entry).width // 8
     if self._kernels is not None and pieces is None and single:
       if self._columns or self.tiles is None:
-        tiles = plan.layout.padded // (SUBLANES * LANES)
-        itemsize = ir.FloatType(entry).width // 8
         self.parts = self._kernels.parts_for(tiles, self.n, itemsize, self._columns)
     # The permuted exchange (KernelExchange.PERMUTES) where the plan chose it and the
-    # kernels can take the site whole.
+    # kernels can take the site, in parts of their own where it is large.
     self.permuted = False
     permutes = quantize_kernel.KernelExchange.PERMUTES
     if self._kernels is not None and plan.kernel_exchange is permutes:
       why = "a reduce-scatter or all-gather" if pieces is not None else ""
       why = why or ("several element types" if not single else "")
       if not why:
-        tiles = plan.layout.padded // (SUBLANES * LANES)
-        itemsize = ir.FloatType(entry).width // 8
         parts, why = self._kernels.permuted_parts(
           tiles, self.n, str(entry), itemsize, self._columns
         )
@@ -591,30 +589,26 @@ class TiledSite:
     return self.em.unflatten_like(values, self.types)
 
   def finish_permuted(self, emit_part: Callable[[], ir.Value]) -> list[ir.Value]:
-    """The permuted exchange over self.parts parts of the operand, one after the other:
-    emit_part() (the algorithm's emit_permuted) writes the current part's values into the
-    values so far, which the next part's quantize waits for (as finish_parts)."""
+    """The permuted exchange over self.parts parts of the operand: emit_part() (the
+    algorithm's emit_permuted) writes the current part's values into the values so far."""
+    return self._each_part(emit_part)
+
+  def finish_parts(self, emit_part: Callable[[], tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
+    """The kernel form over self.parts parts of the operand: for each, emit_part() (the
+    algorithm's emit_tiled) gives the part's reduced codes and scales, and the dequantize
+    kernel writes the part's values into the values so far (quantize_kernel.dequantize_module)."""
+    return self._each_part(lambda: self._kernel_values(*emit_part(), into=self._written))
+
+  def _each_part(self, write_part: Callable[[], ir.Value | None]) -> list[ir.Value]:
+    """The parts one after the other, write_part() giving the values written so far;
+    the next part's quantize waits for them, so at any time only one part's codes are
+    alive."""
     assert self._kernels is not None
     if self.parts > 1:
       self._kernels.notes.append(("parts", str(self.parts)))
     for part in range(self.parts):
       self._part = part
-      self._written = emit_part()
-    assert self._written is not None
-    return self._results(self._written)
-
-  def finish_parts(self, emit_part: Callable[[], tuple[ir.Value, ir.Value]]) -> list[ir.Value]:
-    """The kernel form over self.parts parts of the operand, one after the other: for
-    each, emit_part() (the algorithm's emit_tiled) gives the part's reduced codes and
-    scales, and the dequantize kernel writes the part's values into the values so far
-    (quantize_kernel.dequantize_module), which the next part's quantize waits for.  The
-    chain orders the parts, so at any time only one part's codes are alive."""
-    assert self._kernels is not None
-    self._kernels.notes.append(("parts", str(self.parts)))
-    for part in range(self.parts):
-      self._part = part
-      codes, scales = emit_part()
-      self._written = self._kernel_values(codes, scales, into=self._written)
+      self._written = write_part()
     assert self._written is not None, "the kernel form declined a part"
     return self._results(self._written)
 

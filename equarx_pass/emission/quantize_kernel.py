@@ -504,12 +504,11 @@ def permuted_parts(
 
 class _Chunk:
   """For the permuted exchange, a chunk of values of `tiles` tiles over `members` ranks
-  (in `parts` parts),
-  which one given at run time (the kernel's scalar operand): the values' spec (a block:
-  `step` tiles down one column, or `step` tiles) and its packed chunk's.  The chunk is
-  an operand, not part of the kernel, so that one kernel serves every chunk: libtpu
-  compiles each distinct kernel of a program, and N of them made the exchange's compile
-  grow with N."""
+  (in `parts` parts), which one given at run time (the kernel's scalar operand): the
+  values' spec (a block: `step` tiles down one column, or `step` tiles) and its packed
+  chunk's.  The chunk is an operand, not part of the kernel, so that one kernel serves
+  every chunk: libtpu compiles each distinct kernel of a program, and N of them made the
+  exchange's compile grow with N."""
 
   def __init__(self, tiles: int, members: int, columns: int, parts: int = 1):
     from jax import lax

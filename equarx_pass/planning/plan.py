@@ -283,17 +283,16 @@ def _priced(
   exchange = None
   if tiles is not None and _kernel_priced(policy, scheme, tiles, cand, topology.platform):
     exchange = quantize_kernel.KernelExchange.COLLECTIVES
-    parts, why = 0, ""
-    if isinstance(route, FlatRoute):
-      parts, why = _permuted_parts(cand, route, policy, topology)
-    if isinstance(route, FlatRoute) and not why:
-      exchange = quantize_kernel.KernelExchange.PERMUTES
-      # 2 (N - 1) collective-permutes a part where two-shot has two collectives.
-      steps = 2 * (route.members - 1) * parts
-      rewritten = dataclasses.replace(route.rewritten, fast_steps=steps)
-      route = dataclasses.replace(route, rewritten=rewritten, kernel_exchange=exchange)
-    elif isinstance(route, FlatRoute) and _permutes_asked(policy, topology):
-      route = dataclasses.replace(route, kernel_exchange_why=why)
+    if isinstance(route, FlatRoute) and _permutes_asked(policy, topology):
+      parts, why = _permuted_parts(cand, route, itemsize)
+      if why:
+        route = dataclasses.replace(route, kernel_exchange_why=why)
+      else:
+        exchange = quantize_kernel.KernelExchange.PERMUTES
+        # 2 (N - 1) collective-permutes a part where two-shot has two collectives.
+        steps = 2 * (route.members - 1) * parts
+        rewritten = dataclasses.replace(route.rewritten, fast_steps=steps)
+        route = dataclasses.replace(route, rewritten=rewritten, kernel_exchange=exchange)
   prediction = cost.predict(
     route.native,
     route.rewritten,
@@ -348,17 +347,11 @@ def _permutes_asked(policy: Policy, topology: Topology) -> bool:
   return policy.kernel_exchange == "permutes" and rules_for(topology.platform).kernel_permutes
 
 
-def _permuted_parts(
-  cand: Candidate, route: FlatRoute, policy: Policy, topology: Topology
-) -> tuple[int, str]:
-  """In how many parts the kernel form's two-shot exchanges this site by the platform's
-  collective-permutes of packed chunks (quantize_kernel.KernelExchange), or (0, why it
-  keeps the all-to-all and all-gather)."""
+def _permuted_parts(cand: Candidate, route: FlatRoute, itemsize: int) -> tuple[int, str]:
+  """In how many parts the kernel form's two-shot exchanges this site of `itemsize`-byte
+  values by collective-permutes of packed chunks (quantize_kernel.KernelExchange, where
+  _permutes_asked), or (0, why it keeps the all-to-all and all-gather)."""
   layout = route.layout
-  if policy.kernel_exchange != "permutes":
-    return 0, "--equarx_kernel_exchange=collectives"
-  if not rules_for(topology.platform).kernel_permutes:
-    return 0, f"no permuted exchange on {topology.platform}"
   if cand.site.kind != SiteKind.ALL_REDUCE or not route.scheme.algo.has_permuted_exchange:
     return 0, "only two-shot all-reduces"
   if route.rewritten.slow:
@@ -376,7 +369,6 @@ def _permuted_parts(
   if isinstance(grid, tuple) and grid[0] * grid[1] * grid[2] == tiles:
     if not quantize_kernel.shape_why_not("tpu", tiles, columns=grid[2]):
       columns = grid[2]
-  itemsize = _operand_bytes(cand)[1]
   return quantize_kernel.permuted_parts("tpu", tiles, route.members, itemsize, columns)
 
 
