@@ -89,9 +89,6 @@ def collectives_alone(jax, n: int, values: int, algorithm: str):
   f32 scales of the tiled and kernel forms ([rows / 8, 8], one a row of 128) through an
   all_to_all and an all_gather of their own.  ring: a chip's share through N - 1
   collective-permutes one after the other, twice (reduce-scatter, all-gather)."""
-  import numpy as np
-  from jax.sharding import Mesh
-  from jax.sharding import PartitionSpec as P
 
   rows = values // 128
   if values % 128 or rows % (8 * n):
@@ -121,11 +118,7 @@ def collectives_alone(jax, n: int, values: int, algorithm: str):
   args = [jax.ShapeDtypeStruct((n * rows, 128), jax.numpy.int8)]
   if algorithm == "two_shot+scales":
     args.append(jax.ShapeDtypeStruct((n * rows // 8, 8), jax.numpy.float32))
-  mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
-  program = jax.jit(
-    jax.shard_map(exchange, mesh=mesh, in_specs=(P("x"),) * len(args), out_specs=P("x"))
-  )
-  return program.lower(*args).compiler_ir("stablehlo")
+  return lowered_over_chips(jax, n, exchange, args)
 
 
 def passes_alone(jax, n: int, values: int, dtype):
@@ -134,10 +127,6 @@ def passes_alone(jax, n: int, values: int, dtype):
   summed in int8, an all_gather, a cast back.  No scales, maxima or rotation: the least a
   two-shot whose stages each read and write HBM (every form this pass emits) can cost on
   chip."""
-  import numpy as np
-  from jax.sharding import Mesh
-  from jax.sharding import PartitionSpec as P
-
   jnp = jax.numpy
   if values % (1024 * n):
     raise ValueError(f"{values} values per chip are not whole (8, 128) tiles per member")
@@ -148,9 +137,20 @@ def passes_alone(jax, n: int, values: int, dtype):
     share = pieces.sum(0, dtype=jnp.int8)
     return jax.lax.all_gather(share, "x", tiled=True).astype(x.dtype).reshape(-1)
 
+  return lowered_over_chips(jax, n, passes, [jax.ShapeDtypeStruct((n * values,), dtype)])
+
+
+def lowered_over_chips(jax, n: int, body, args):
+  """jax.jit of a shard_map of `body` over axis "x" of the first `n` devices, every
+  argument and result split along its first axis, lowered for `args`: StableHLO."""
+  import numpy as np
+  from jax.sharding import Mesh
+  from jax.sharding import PartitionSpec as P
+
   mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
-  program = jax.jit(jax.shard_map(passes, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
-  return program.lower(jax.ShapeDtypeStruct((n * values,), dtype)).compiler_ir("stablehlo")
+  specs = (P("x"),) * len(args)
+  program = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=specs, out_specs=P("x")))
+  return program.lower(*args).compiler_ir("stablehlo")
 
 
 # Instructions that do no work of their own between an async collective's start and done.
