@@ -76,6 +76,31 @@ def lowered_with_module(lowered, module: ir.Module):
   )
 
 
+def lowered_with_executable(lowered, compiled):
+  """`lowered`, or where `compiled` (a jax.stages.Compiled of its very module) is given
+  a copy whose compile() returns that executable instead of compiling again.
+
+  Private: pxla.MeshComputation._executable, which its compile() returns when set (what
+  jax.jit's own lower().compile() caches), and jax.stages.Compiled._executable.  The
+  partitioned route's read compile is plain jax.jit's compile of the module; a user who
+  lowers and compiles later gets it instead of a second compile.
+  """
+  if compiled is None:
+    return lowered
+  from jax import stages
+
+  new = copy.copy(lowered._lowering)
+  new._executable = compiled._executable
+  return stages.Lowered(
+    new,
+    lowered.args_info,
+    lowered.out_tree,
+    no_kwargs=lowered._no_kwargs,
+    in_types=lowered._in_types,
+    out_types=lowered._out_types,
+  )
+
+
 def lowered_platform(lowered) -> str:
   """The platform ("cpu", "gpu", "tpu") `lowered` will be compiled for.
 

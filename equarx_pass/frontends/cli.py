@@ -133,6 +133,8 @@ def _report(result: transform.TransformResult, input_path: str) -> str:
       how = f"partitioned program, {how}, partitioning compile {part.first_compile_seconds:.2f} s"
     title = f"{input_path} ({result.input_kind}, {part.name}: {how})"
     tables.append(report.format_table(part.records, title, part.topology))
+    if part.unseen:
+      tables[-1] += f"\nnot considered: {part.unseen}"
   return "\n\n".join(tables)
 
 

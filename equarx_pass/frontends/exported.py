@@ -56,6 +56,8 @@ class Part:
   route: str = "lowered"  # or "partitioned" (the per-device program after partitioning)
   first_compile_seconds: float = 0.0  # partitioned: the compile that exposed the program
   topology: Any = None  # the fast domains its sites were planned on (topology.py)
+  # What the route could not see (the partitioner's collectives), "" where it saw it all.
+  unseen: str = ""
 
 
 @dataclasses.dataclass
@@ -116,6 +118,16 @@ def _rewrite_one(exp, module: ir.Module, policy: Policy, name: str):
     except partitioned.NotPartitionable as e:
       if policy.partitioned == "on":
         raise RewriteError(f"{name}: --equarx_partitioned=on: {e}") from None
+      if match.find_sites(module, policy.ops):
+        # Its own collectives can still be rewritten; the report says what is left out.
+        result = rewrite_module(module, policy, platform)
+        unseen = (
+          "the collectives XLA's SPMD partitioner inserts into the auto-sharded part are "
+          f"not in this module and were not considered (the partitioned route: {e}); "
+          "equarx_pass.jit reaches them where the function runs"
+        )
+        part = Part(name, result.records, result.seconds, topology=result.topology, unseen=unseen)
+        return (result.module if result.modified or policy.identity else None), part
       raise RewriteError(
         f"{name}: the module spans {exp.nr_devices} devices and holds no all-reduce of its "
         "own: an auto-sharded program, whose all-reduces the SPMD partitioner inserts when "
@@ -158,12 +170,12 @@ def _platform(exp, policy: Policy, name: str) -> str | None:
 
 
 def _wants_partitioned(exp, module: ir.Module, policy: Policy) -> bool:
-  """equarx_pass.jit's rule: `on`, or `auto` and a module over several devices that
-  holds no collective the policy looks for."""
+  """equarx_pass.jit's rule: `on`, or `auto` and a module over several devices with a
+  part the partitioner splits (match.auto_sharded_ops)."""
   mode = policy.partitioned
   if mode == "off" or exp.nr_devices <= 1:
     return False
-  return mode == "on" or not match.find_sites(module, policy.ops)
+  return mode == "on" or bool(match.auto_sharded_ops(module))
 
 
 def _rewrite_partitioned(exp, module: ir.Module, policy: Policy):

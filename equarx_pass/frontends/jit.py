@@ -59,6 +59,36 @@ def resolve_policy(policy: Policy | None = None, flags: str | None = None) -> Po
 
 
 @dataclasses.dataclass(frozen=True)
+class RouteChoice:
+  """Which program the sites are read from, and why (Jitted._choose_route)."""
+
+  partitioned: bool
+  why: str
+  # What the chosen route cannot see and the flag that reaches it ("": it sees it all).
+  unseen: str = ""
+  # The ops the partitioner splits (match.auto_sharded_ops), where the choice read them.
+  auto_ops: tuple[str, ...] | list[str] = ()
+
+
+def _ops_outside(auto_ops) -> str:
+  """'12 ops outside shard_map, e.g. stablehlo.dot_general'."""
+  n = len(auto_ops)
+  return f"{n} op{'s' if n != 1 else ''} outside shard_map, e.g. {auto_ops[0]}"
+
+
+def _unseen(auto_ops, reach: str) -> str:
+  """The report's line on what the lowered route leaves out of a program with
+  auto-sharded parts ("" for a program manual throughout)."""
+  if not auto_ops:
+    return ""
+  return (
+    "the collectives XLA's SPMD partitioner inserts into the auto-sharded part "
+    f"({_ops_outside(auto_ops)}) are not in this program and were not considered; "
+    f"reached by: {reach}"
+  )
+
+
+@dataclasses.dataclass(frozen=True)
 class LoweringReport:
   """The sites of one lowering (one input signature) of a wrapped function."""
 
@@ -77,6 +107,8 @@ class LoweringReport:
   # --equarx_compile_for: why the ahead-of-time compile for that target failed (the
   # program itself runs on)
   tpu_error: str = ""
+  route_why: str = ""  # why this route (Jitted._choose_route)
+  unseen: str = ""  # what the route could not see, and which flag reaches it
 
 
 class Report:
@@ -106,7 +138,15 @@ def format_lowering(low: LoweringReport) -> str:
       f"{low.signature}, partitioned program (pass {low.pass_seconds * 1e3:.1f} ms, "
       f"partitioning compile {low.first_compile_seconds:.2f} s)"
     )
-  text = report.format_table(low.records, title, low.topology)
+  route = f"route: the {low.route} program"
+  if low.route_why:
+    route += f" ({low.route_why})"
+  if low.records:
+    text = title + "\n" + route + "\n" + report.format_table(low.records, "", low.topology)
+  else:
+    text = f"{title}\n{route}\nno collective in it that --equarx_ops selects"
+  if low.unseen:
+    text += f"\nnot considered: {low.unseen}"
   sites = sum(r.found_as == SiteKind.ALL_REDUCE for r in low.records)
   compiled = low.compiled_all_reduces
   if compiled is not None and compiled != sites and sites:
@@ -352,9 +392,14 @@ class Jitted:
     finally:
       _LOWERING.depth -= 1
     module = lowered.compiler_ir("stablehlo")
+    # The argument and result trees too: an executable is called with the pytree it was
+    # compiled for (jax.jit's own check), and two trees can lower to the same program
+    # (a state whose step count is a wrapped array at step 0 and a bare one after).
     program = (
       hashlib.sha256(str(module).encode()).digest(),
       tuple(d.id for d in _jax_private.lowered_devices(lowered)),
+      lowered.in_tree,
+      lowered.out_tree,
     )
     done = self._by_program.get(program)
     if done is None:
@@ -365,13 +410,16 @@ class Jitted:
     """_lower_and_rewrite of a program not seen before."""
     note = ""
     compiled = None  # plain jax.jit's executable, where the partitioned read made it
-    if self._wants_partitioned(module):
+    choice = self._choose_route(module)
+    unseen = choice.unseen
+    if choice.partitioned:
       try:
-        return self._rewrite_partitioned(lowered, module, args, kwargs)
+        return self._rewrite_partitioned(lowered, module, args, kwargs, choice)
       except partitioned.NotPartitionable as e:
         if self.policy.partitioned == "on":
           raise RewriteError(f"--equarx_partitioned=on: {e}") from None
         note, compiled = str(e), e.compiled
+        unseen = _unseen(choice.auto_ops, "no flag: the partitioned route cannot take it")
     result = rewrite_module(
       module,
       self.policy,
@@ -380,21 +428,46 @@ class Jitted:
     )
     tpu = self._compile_for_target(result.module, module, lowered)
     self._record(
-      result.records, result.seconds, tpu, args, kwargs, note=note, topology=result.topology
+      result.records,
+      result.seconds,
+      tpu,
+      args,
+      kwargs,
+      note=note,
+      topology=result.topology,
+      route_why=choice.why,
+      unseen=unseen,
     )
     if not result.modified:
-      return lowered, compiled
+      return _jax_private.lowered_with_executable(lowered, compiled), compiled
     return _jax_private.lowered_with_module(lowered, result.module), None
 
-  def _wants_partitioned(self, module) -> bool:
-    """--equarx_partitioned: on, off, or auto = a multi-device program whose lowered
-    StableHLO has no all-reduce (so any it will have, the partitioner inserts)."""
+  def _choose_route(self, module) -> RouteChoice:
+    """Which program holds the sites (--equarx_partitioned): the partitioned one, after
+    SPMD partitioning, for a multi-device program with any part left to the partitioner
+    (`auto`), or always (`on`); else the lowered StableHLO."""
     mode = self.policy.partitioned
-    if mode == "off" or match.module_facts(module).num_partitions <= 1:
-      return False
-    return mode == "on" or not match.find_sites(module, self.policy.ops)
+    if match.module_facts(module).num_partitions <= 1:
+      return RouteChoice(False, "one partition: no SPMD partitioning")
+    auto_ops = match.auto_sharded_ops(module)
+    if mode == "off":
+      if not auto_ops:
+        return RouteChoice(False, "manual throughout (shard_map over every mesh axis)")
+      return RouteChoice(
+        False,
+        "--equarx_partitioned=off",
+        unseen=_unseen(auto_ops, "--equarx_partitioned=auto (the default) or on"),
+      )
+    if mode == "on":
+      return RouteChoice(True, "--equarx_partitioned=on")
+    if auto_ops:
+      return RouteChoice(True, f"auto-sharded ({_ops_outside(auto_ops)})", auto_ops=auto_ops)
+    return RouteChoice(
+      False,
+      "manual throughout (shard_map over every mesh axis): the partitioner adds no collective",
+    )
 
-  def _rewrite_partitioned(self, lowered, module, args, kwargs):
+  def _rewrite_partitioned(self, lowered, module, args, kwargs, choice: RouteChoice):
     """`module`: the lowering's StableHLO, the original --equarx_compile_for compares with."""
     done = partitioned.rewrite_partitioned(
       lowered, self.policy, _jax_private.lowered_devices(lowered)
@@ -410,10 +483,12 @@ class Jitted:
       first_compile_seconds=done.first_compile_seconds,
       compiled_all_reduces=done.compiled_all_reduces,
       topology=done.result.topology,
+      route_why=choice.why,
     )
     if done.module is None:
-      # Nothing rewritten: the first compile is plain jax.jit's executable; reuse it.
-      return lowered, done.compiled
+      # Nothing rewritten: the first compile is plain jax.jit's executable; reuse it,
+      # for calls and for a later .compile() of the Lowered handed back.
+      return _jax_private.lowered_with_executable(lowered, done.compiled), done.compiled
     return _jax_private.lowered_with_module(lowered, done.module), None
 
   def _compile_for_target(self, module, original, lowered):

@@ -20,6 +20,7 @@ from jax.extend.mlir.dialects import sdy, stablehlo
 
 from equarx_pass.ir import traverse
 from equarx_pass.ir.layout import ChunkLayout, DeviceKind, GroupSchedule, make_schedule
+from equarx_pass.planning import loops
 from equarx_pass.planning.settings import DTYPE_BYTES, Selection
 from equarx_pass.platforms import rules_for
 from equarx_pass.site_kind import SiteKind
@@ -71,6 +72,8 @@ class ModuleFacts:
   num_replicas: int
   meshes: tuple[tuple[str, Mesh], ...] = ()  # symbol name -> mesh, from sdy.mesh ops
   async_computations: frozenset[str] = frozenset()  # functions an async_start runs
+  # Functions that run only when a conditional's branch is taken (loops.branch_functions).
+  branch_functions: frozenset[str] = frozenset()
 
   def mesh(self, name: str) -> Mesh | None:
     return dict(self.meshes).get(name)
@@ -107,7 +110,78 @@ def module_facts(module: ir.Module) -> ModuleFacts:
       name = ir.StringAttr(op.attributes["sym_name"]).value
       meshes.append((name, _mesh_from_attr(op.attributes["mesh"])))
   return ModuleFacts(
-    get("mhlo.num_partitions"), get("mhlo.num_replicas"), tuple(meshes), async_computations(module)
+    get("mhlo.num_partitions"),
+    get("mhlo.num_replicas"),
+    tuple(meshes),
+    async_computations(module),
+    loops.branch_functions(module),
+  )
+
+
+# Ops that compute nothing the SPMD partitioner could split: outside every manual
+# computation, a program made only of these (and of manual computations over all the
+# mesh's axes) gets no collective from the partitioner (auto_sharded_ops).
+_INERT_OPS = frozenset({"func.return", "stablehlo.constant", "sdy.return"})
+MANUAL_COMPUTATION = "sdy.manual_computation"
+
+
+def auto_sharded_ops(module: ir.Module) -> list[str]:
+  """The ops of `module` that the SPMD partitioner splits: those outside every
+  `sdy.manual_computation` (a shard_map) that is manual over all of the mesh's axes of
+  more than one device, in main and in the functions it calls from there, by name in
+  program order.  Empty: the program is manual throughout, and the partitioner inserts
+  no collective (it only joins the manual computations' inputs and outputs).
+
+  A manual computation over some of the axes (an `auto` axis left to the partitioner)
+  counts as auto-sharded, and so does every op of a program lowered without Shardy
+  (GSPMD's custom calls mark manual regions by value, not by region): the route that
+  sees the partitioner's collectives is the safe one for both.
+  """
+  facts = module_facts(module)
+  functions = {
+    traverse.function_name(view.operation): view.operation
+    for view in module.body.operations
+    if view.operation.name == "func.func"
+  }
+  found: list[str] = []
+  seen: set[str] = set()
+
+  def visit(function: ir.Operation) -> None:
+    for block in function.regions[0].blocks:
+      for view in block.operations:
+        op = view.operation
+        if op.name in _INERT_OPS:
+          continue
+        if op.name == MANUAL_COMPUTATION and not _partly_auto(op, facts):
+          continue
+        if op.name == "func.call":
+          callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+          if callee in functions and callee not in seen:
+            seen.add(callee)
+            visit(functions[callee])
+          continue
+        found.append(op.name)
+
+  main = functions.get("main")
+  if main is not None:
+    visit(main)
+  return found
+
+
+def _partly_auto(manual: ir.Operation, facts: ModuleFacts) -> bool:
+  """Whether a manual computation leaves some mesh axis of more than one device to the
+  partitioner (or names a mesh this module does not declare)."""
+  shardings = list(sdy.TensorShardingPerValueAttr(manual.attributes["in_shardings"]).shardings)
+  shardings += list(sdy.TensorShardingPerValueAttr(manual.attributes["out_shardings"]).shardings)
+  if not shardings:
+    return False  # no operand and no result: nothing crosses its boundary
+  ref = sdy.TensorShardingAttr(shardings[0]).mesh_or_ref
+  mesh = facts.mesh(ref.value) if isinstance(ref, ir.FlatSymbolRefAttr) else None
+  if mesh is None:
+    return True
+  manual_axes = {str(a) for a in sdy.ManualAxesAttr(manual.attributes["manual_axes"])}  # type: ignore[attr-defined]
+  return any(
+    size > 1 and name not in manual_axes for name, size in zip(mesh.axis_names, mesh.axis_sizes)
   )
 
 
@@ -224,6 +298,9 @@ class Site:
   # "bf16 summed as f32" for each operand type an all-reduce widens to its result's (the
   # sum happens in the result's type), sorted: read while the op exists, for the report.
   promoted: tuple[str, ...] = ()
+  # In a branch of a conditional (loops.in_branch): it runs only when the branch is taken,
+  # and on a TPU its operand keeps the default layout (platforms.TileRule).
+  in_branch: bool = False
 
   @property
   def nbytes(self) -> int:
@@ -349,6 +426,7 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
     kind,
     dimension,
     promoted=_promoted(op),
+    in_branch=loops.in_branch(op, facts.branch_functions),
   )
   return site, problem or group_problem
 
