@@ -47,6 +47,7 @@ from equarx_pass.planning import match
 from equarx_pass.planning.policy import Policy
 from equarx_pass.platforms import named_by_jax, rules_for
 from equarx_pass.rewrite import RewriteResult, copy_module, rewrite_module, verify
+from equarx_pass.site_kind import SiteKind
 
 # XLA dumps the module after every pass whose name matches: the SPMD partitioner proper
 # (the pass that inserts the collectives), and the algebraic simplification pipeline
@@ -102,6 +103,16 @@ def rewrite_partitioned(lowered, policy: Policy, devices=None) -> PartitionedRew
   first_compile = time.perf_counter() - start
   start = time.perf_counter()
   original = lowered.compiler_ir("stablehlo")
+  if not policy.identity and not holds_collective(hlo_proto, policy.ops):
+    # Nothing to rewrite (a parameter initialisation, a helper): no conversion, no pass.
+    return PartitionedRewrite(
+      compiled if reusable else None,
+      RewriteResult(original, [], 0.0),
+      None,
+      first_compile,
+      time.perf_counter() - start,
+      0 if reusable else None,
+    )
   try:
     mesh_name, mesh = _only_mesh(original)
     per_device = _per_device_module(hlo_proto, original, _jax_private.lowered_platform(lowered))
@@ -121,6 +132,22 @@ def rewrite_partitioned(lowered, policy: Policy, devices=None) -> PartitionedRew
     time.perf_counter() - start,
     count_compiled_all_reduces(compiled) if reusable else None,
   )
+
+
+# The HLO opcodes of each kind of site (an async pair's start names its kind too).
+SITE_OPCODES = {
+  SiteKind.ALL_REDUCE: b"all-reduce",
+  SiteKind.REDUCE_SCATTER: b"reduce-scatter",
+  SiteKind.ALL_GATHER: b"all-gather",
+}
+
+
+def holds_collective(hlo_proto: bytes, ops) -> bool:
+  """Whether the serialized HloModuleProto may hold a collective of the kinds `ops`
+  names: its bytes hold the opcode's name (a proto stores each instruction's opcode as a
+  string).  A name or metadata that merely contains it can only say yes, and a yes
+  costs just the full read."""
+  return any(SITE_OPCODES[SiteKind(op)] in hlo_proto for op in ops)
 
 
 def count_compiled_all_reduces(compiled) -> int:
