@@ -37,7 +37,7 @@ ROUNDINGS = scheme_lib.ROUNDINGS
 BLOCK_LAYOUTS = scheme_lib.BLOCK_LAYOUTS
 # Where equarx_pass.jit looks for all-reduces (partitioned.py): in the lowered
 # StableHLO, in the per-device program after SPMD partitioning, or (auto) in the
-# latter only when the former has none.
+# latter whenever the partitioner has work to do (match.auto_sharded_ops).
 Mode = Literal["auto", "on", "off"]
 PARTITIONED_MODES = get_args(Mode)
 # Whether each rewritten all-reduce becomes a private function called out of line
@@ -633,8 +633,8 @@ FLAGS = {
       _parse_str,
       "rewrite the all-reduces the SPMD partitioner inserts into an auto-sharded program: in "
       "`equarx_pass.jit`, and in `equarx-opt` for a `jax.export` artifact (compiled on CPU "
-      "devices); `auto` when the program has no all-reduce of its own, `on` always, `off` "
-      "never",
+      "devices); `auto` when any part of the program is auto-sharded (not inside a "
+      "`shard_map` manual over every mesh axis), `on` always, `off` never",
       metavar="M",
     ),
     Flag(
