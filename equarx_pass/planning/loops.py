@@ -7,6 +7,12 @@ The report counts them so.  A trip count is read where the loop has the form JAX
 XLA write: a counter that starts at a constant, is compared LT (or LE) with a constant
 in the condition, and grows by a constant in the body.  Any other loop gives None
 (unknown), and so does every op inside it.
+
+An op in a branch of a conditional (`jax.lax.cond` and `lax.switch` lower to
+stablehlo.case; stablehlo.if too), or in a function only such branches call, runs only
+when its branch is taken, which the program decides as it runs (MaxText's DiLoCo trainer
+syncs across slices in one branch, every few steps).  Its runs are counted as if taken,
+and the report counts its bytes apart from those of every call (in_branch).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from jax.extend.mlir.dialects import stablehlo
 from equarx_pass.ir import traverse
 
 WHILE = "stablehlo.while"
+CONDITIONALS = ("stablehlo.case", "stablehlo.if")
 
 
 def _defining_op(value: ir.Value) -> ir.Operation | None:
@@ -89,6 +96,48 @@ def _inside_loops(op: ir.Operation) -> int | None:
       runs = None if trips is None else runs * trips
     parent = parent.parent
   return runs
+
+
+def _inside_branch(op: ir.Operation) -> bool:
+  """Whether `op` sits in a branch of a conditional in its function."""
+  parent = op.parent
+  while parent is not None and parent.name != "func.func":
+    if parent.name in CONDITIONALS:
+      return True
+    parent = parent.parent
+  return False
+
+
+def branch_functions(module: ir.Module) -> frozenset[str]:
+  """The functions of `module` that run only when a conditional's branch is taken: every
+  call of them is in a branch, or in a function of this set."""
+  functions = {traverse.function_name(f): f for f in traverse.called_functions(module)}
+  calls: dict[str, list[tuple[str, bool]]] = {name: [] for name in functions}
+  for name, function in functions.items():
+    for inner in traverse.walk(function):
+      for callee in traverse.referenced_functions(inner):
+        if callee in functions and callee != name:
+          calls[callee].append((name, _inside_branch(inner)))
+  # A function is conditional when it has callers and each call is in a branch or in a
+  # conditional function; found by growing the set until nothing changes (calls form no
+  # cycle, so this ends).
+  conditional: set[str] = set()
+  changed = True
+  while changed:
+    changed = False
+    for name, callers in calls.items():
+      if name in conditional or not callers:
+        continue
+      if all(branch or caller in conditional for caller, branch in callers):
+        conditional.add(name)
+        changed = True
+  return frozenset(conditional)
+
+
+def in_branch(op: ir.Operation, conditional_functions: frozenset[str]) -> bool:
+  """Whether `op` runs only when a conditional's branch is taken: it sits in a branch, or
+  in a function of `conditional_functions` (branch_functions)."""
+  return _inside_branch(op) or traverse.enclosing_function(op) in conditional_functions
 
 
 def runs_in(module: ir.Module) -> Callable[[ir.Operation], int | None]:
