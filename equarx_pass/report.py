@@ -43,12 +43,14 @@ def _runs(record: SiteRecord) -> int:
 
 
 def _loop_note(record: SiteRecord) -> str:
-  """The why column's prefix for a site in a loop: its bytes are per run of the program."""
+  """The why column's prefix for a site in a loop (its bytes are per run of the program)
+  or in a conditional's branch (its bytes are for a run that takes the branch)."""
+  note = "in a conditional branch, runs only when taken; " if record.in_branch else ""
   if record.runs is None:
-    return "in a loop of unknown trip count, bytes counted once; "
+    return note + "in a loop of unknown trip count, bytes counted once; "
   if record.runs != 1:
-    return f"runs {record.runs}x a call (a loop), bytes for all; "
-  return ""
+    return note + f"runs {record.runs}x a call (a loop), bytes for all; "
+  return note
 
 
 def _ratio(before: float, after: float) -> str:
@@ -61,6 +63,8 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
   site shows the cost model's speed-up (cost.py): an estimate, not a measurement, and
   none where the rewrite sends more bytes than the native collective (the plan counts
   that a loss whatever the time model says)."""
+  if not records:  # no columns to name: say so in one line
+    return "\n".join(([title] if title else []) + ["no collective site in the program"])
   split = topology is not None and any(r.traffic_before is not None for r in records)
   wire: tuple[str, ...]
   cells: tuple[str, ...]
@@ -123,7 +127,9 @@ def format_table(records: Sequence[SiteRecord], title: str = "", topology=None) 
 
 def summary(records: Sequence[SiteRecord], topology=None) -> str:
   """The table's last line: sites rewritten and the bytes they send before and after, per
-  link class where the records have them (else the wire bytes)."""
+  link class where the records have them (else the wire bytes).  The bytes of every call
+  come first; those of sites in a conditional's branch, which a call sends only when the
+  branch is taken, follow apart ("+ ... in conditional branches, when taken")."""
   if not any(r.traffic_before is not None for r in records):
     topology = None
   done = [r for r in records if r.rewritten]
@@ -131,22 +137,36 @@ def summary(records: Sequence[SiteRecord], topology=None) -> str:
   text = f"{len(done)} of {len(records)} {noun} sites rewritten"
   if not done:
     return text
+  every = [r for r in done if not r.in_branch]
+  taken = [r for r in done if r.in_branch]
   if topology is not None and all(r.traffic_before is not None for r in done):
-    parts = []
-    for name, field in ((topology.slow.name, "slow"), (topology.fast.name, "fast")):
-      before = sum(_runs(r) * getattr(r.traffic_before, field) for r in done)
-      after = sum(_runs(r) * getattr(r.traffic_after, field) for r in done)
-      if before or after:
-        parts.append(
-          f"{name} {fmt_bytes(round(before))} -> {fmt_bytes(round(after))}{_change(before, after)}"
-        )
-    return text + "; bytes per device: " + ", ".join(parts)
-  before = sum(_runs(r) * r.bytes_before for r in done)
-  after = sum(_runs(r) * r.bytes_after for r in done)
-  return (
-    text
-    + f"; wire bytes per rank {fmt_bytes(before)} -> {fmt_bytes(after)}{_change(before, after)}"
-  )
+    text += "; bytes per device: " + (_link_bytes(every, topology) or "none every call")
+    if taken:
+      text += f" + {_link_bytes(taken, topology) or 'none'} in conditional branches, when taken"
+    return text
+  text += f"; wire bytes per rank {_wire_bytes(every)}"
+  if taken:
+    text += f" + {_wire_bytes(taken)} in conditional branches, when taken"
+  return text
+
+
+def _link_bytes(records: Sequence[SiteRecord], topology) -> str:
+  """The records' bytes before and after per link class that carries any; "" if none."""
+  parts = []
+  for name, field in ((topology.slow.name, "slow"), (topology.fast.name, "fast")):
+    before = sum(_runs(r) * getattr(r.traffic_before, field) for r in records)
+    after = sum(_runs(r) * getattr(r.traffic_after, field) for r in records)
+    if before or after:
+      parts.append(
+        f"{name} {fmt_bytes(round(before))} -> {fmt_bytes(round(after))}{_change(before, after)}"
+      )
+  return ", ".join(parts)
+
+
+def _wire_bytes(records: Sequence[SiteRecord]) -> str:
+  before = sum(_runs(r) * r.bytes_before for r in records)
+  after = sum(_runs(r) * r.bytes_after for r in records)
+  return f"{fmt_bytes(before)} -> {fmt_bytes(after)}{_change(before, after)}"
 
 
 def _change(before: float, after: float) -> str:

@@ -1,8 +1,8 @@
 """The site records: what happened to each collective, in the report's words.
 
 rewrite.py runs the pass and hands over, last, what it decided and emitted: each site's
-decision (match.py, with the plan's typed route: plan.py), how often a run executes it
-(loops.py), and, under --equarx_form=kernel, the notes of the kernels its emission asked
+decision (match.py, with the plan's typed route: plan.py), how often a run executes it and
+whether only in a conditional's branch (loops.py), and, under --equarx_form=kernel, the notes of the kernels its emission asked
 for (quantize_kernel.py).  This module turns them into one SiteRecord per site, which the
 report (report.py), the CLI and the decorator print.  It reads routes by their types and
 fields; nothing here is parsed back out of a string.
@@ -60,6 +60,10 @@ class SiteRecord:
   # loops.py); None: inside a loop whose trip count is not read.  The report's bytes are
   # per run of the program: a site's, times this.
   runs: int | None = 1
+  # In a branch of a conditional (jax.lax.cond, lax.switch; loops.in_branch): it runs only
+  # when its branch is taken, which the program decides as it runs.  `runs` counts it as
+  # if taken; the report totals its bytes apart from those of every call.
+  in_branch: bool = False
   # With --equarx_slow_format: the format each link class carries for this site, (slow,
   # fast): a wire format, "native" (the collective's own type), or "" where the site
   # sends nothing on that class; () otherwise.
@@ -205,6 +209,7 @@ def _record(decision: match.Decision, policy: Policy, flat_why: str | None) -> S
     (route.rewritten if verdict == "rewritten" else route.native) if route else None,
     prediction.speedup if prediction and route and route.priced else None,
     route.name if route else "",
+    in_branch=site.in_branch,
   )
 
 

@@ -58,3 +58,42 @@ ENTRY %main (p: f32[1024]) -> (s32[], f32[1024]) {{
   once = tpu_aot.cross_slice_bytes(SEND, 2)
   assert once == 4096  # 2 (S-1)/S of 4 KiB for an all-reduce across 2 slices
   assert tpu_aot.cross_slice_bytes(text, 2) == (12 + 1) * once
+
+
+def test_transfers_in_a_conditional_branch_are_counted_apart():
+  text = f"""HloModule m
+
+%sync (b: f32[1024]) -> f32[1024] {{
+  %b = f32[1024]{{0}} parameter(0)
+{SEND}
+  ROOT %r = f32[1024]{{0}} copy(%b)
+}}
+
+%skip (s: f32[1024]) -> f32[1024] {{
+  ROOT %s = f32[1024]{{0}} parameter(0)
+}}
+
+ENTRY %main (p: f32[1024], i: s32[]) -> f32[1024] {{
+  %p = f32[1024]{{0}} parameter(0)
+  %i = s32[] parameter(1)
+{SEND}
+  ROOT %c = f32[1024]{{0}} conditional(%i, %p, %p), branch_computations={{%sync, %skip}}
+}}
+"""
+  assert hlo_text.only_in_branches(text) == {"sync", "skip"}
+  once = tpu_aot.cross_slice_bytes(SEND, 2)
+  # Every run sends the entry's transfer; the branch's only when it is taken.
+  assert tpu_aot.cross_slice_bytes(text, 2) == once
+  assert tpu_aot.cross_slice_bytes(text, 2, in_branches=True) == once
+
+
+def test_compiled_conditional_branches_run_only_when_taken():
+  def f(pred, x):
+    return jax.lax.cond(pred, lambda v: jnp.sin(v) * 2.0, lambda v: jnp.cos(v) + 1.0, x)
+
+  text = jax.jit(f).lower(True, jnp.ones((64,))).compile().as_text()
+  comps, entry = hlo_text.split_computations(text)
+  [line] = [line for line in comps[entry] if " conditional(" in line]
+  taken = hlo_text.only_in_branches(text)
+  branches = line.split("branch_computations={")[1].split("}")[0].replace("%", "").split(", ")
+  assert set(branches) <= taken and entry not in taken

@@ -28,7 +28,8 @@ with --aot-flags.  Per compile: the wall time of MaxText's jit_and_compile (jit,
 compile), the bytes per chip one train step sends between slices (DCN) and the part of
 them that is int8 codes, counted from the compiled program (each computation's host
 transfers by equarx_pass.frontends.tpu_aot.cross_slice_bytes, times the runs of that computation in
-one step: the scanned layers' loop bodies once per iteration), and
+one step: the scanned layers' loop bodies once per iteration; computations that run only
+in a conditional's branch apart, as dcn_bytes_in_branches), and
 compiled.memory_analysis() (peak, and MaxText's own total: arguments + outputs +
 temporaries - aliased).  Each compiled program's HLO text is kept in --work.
 
@@ -117,23 +118,30 @@ def aot_args(topology: str, slices: int) -> list[str]:
 # Here the same count is split by computation, with the part that is s8 codes.
 
 
-def dcn_bytes_per_step(text: str, slices: int) -> tuple[float, float, dict]:
-  """(bytes per chip one run sends between slices, the part of them that is s8 codes,
-  {computation: [runs, bytes per run]} for the computations that send any)."""
+def dcn_bytes_per_step(text: str, slices: int) -> tuple[float, float, float, dict]:
+  """(bytes per chip one run sends between slices, the part of them that is s8 codes, the
+  bytes of computations that run only when a conditional's branch is taken, as if taken
+  and not in the first two, {computation: [runs, bytes per run, only in a branch]} for
+  the computations that send any)."""
   from equarx_pass.frontends.tpu_aot import cross_slice_bytes
-  from equarx_pass.ir.hlo_text import executions, split_computations
+  from equarx_pass.ir.hlo_text import executions, only_in_branches, split_computations
 
   comps, _ = split_computations(text)
   runs = executions(text)
-  total, codes, where = 0.0, 0.0, {}
+  taken = only_in_branches(text)
+  total, codes, in_branches, where = 0.0, 0.0, 0.0, {}
   for name, lines in comps.items():
     sent = cross_slice_bytes("\n".join(lines), slices)
-    if sent:
-      where[name] = [runs.get(name, 0), sent]
-      total += runs.get(name, 0) * sent
-      s8 = [line for line in lines if re.search(r"= \(s8\[", line)]
-      codes += runs.get(name, 0) * cross_slice_bytes("\n".join(s8), slices)
-  return total, codes, where
+    if not sent:
+      continue
+    where[name] = [runs.get(name, 0), sent, name in taken]
+    if name in taken:
+      in_branches += runs.get(name, 0) * sent
+      continue
+    total += runs.get(name, 0) * sent
+    s8 = [line for line in lines if re.search(r"= \(s8\[", line)]
+    codes += runs.get(name, 0) * cross_slice_bytes("\n".join(s8), slices)
+  return total, codes, in_branches, where
 
 
 # --- the child: MaxText's train_compile, measured ----------------------------------------
@@ -181,9 +189,9 @@ def aot_child(out_path: str, maxtext_args: list[str]) -> int:
     with open(hlo_path, "w") as f:
       f.write(text)
     try:
-      dcn, dcn_s8, dcn_where = dcn_bytes_per_step(text, slices)
+      dcn, dcn_s8, dcn_branches, dcn_where = dcn_bytes_per_step(text, slices)
     except Exception as e:  # a loop this reading does not understand: say so
-      dcn, dcn_s8, dcn_where = None, None, f"{type(e).__name__}: {e}"
+      dcn, dcn_s8, dcn_branches, dcn_where = None, None, None, f"{type(e).__name__}: {e}"
     params = None
     try:  # the model's parameters: the nnx.Param leaves of the abstract train state
       import jax
@@ -202,6 +210,7 @@ def aot_child(out_path: str, maxtext_args: list[str]) -> int:
       compile_seconds=seconds,
       dcn_bytes_per_chip=dcn,
       dcn_s8_bytes_per_chip=dcn_s8,
+      dcn_bytes_in_branches=dcn_branches,
       dcn_bytes_static=cross_slice_bytes(text, slices),
       dcn_by_computation=dcn_where,
       estimated_cycles=estimated_cycles(text),

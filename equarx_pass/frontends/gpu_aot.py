@@ -161,14 +161,16 @@ def _sent_across(op: str, line: str, shape: str, node_of: Sequence[int]) -> np.n
   return sent
 
 
-def cross_node_bytes(hlo_text: str, node_of: Sequence[int]) -> float:
+def cross_node_bytes(hlo_text: str, node_of: Sequence[int], in_branches: bool = False) -> float:
   """Bytes per device that a compiled GPU program sends between nodes in one run: the
   most any device sends.  `node_of[i]`: the node of the device with logical id i (the
   ids the replica groups name), e.g. [d.process_index for d in devices].
 
   Each collective is priced by _sent_across; one inside a while loop's body counts once
   per iteration (hlo_text.executions; a loop whose trip count the text does not give
-  raises hlo_text.UnknownTripCount).  A collective of a kind not read here (send/recv,
+  raises hlo_text.UnknownTripCount).  Computations that run only when a conditional's
+  branch is taken (hlo_text.only_in_branches) are left out; `in_branches` counts them
+  instead, each as if its branch were taken.  A collective of a kind not read here (send/recv,
   ragged all-to-all, broadcast) between nodes raises ValueError: its bytes would be a
   guess.
   """
@@ -176,11 +178,12 @@ def cross_node_bytes(hlo_text: str, node_of: Sequence[int]) -> float:
 
   comps, entry = hlo.split_computations(hlo_text)
   runs = hlo.executions(hlo_text) if entry is not None else {}
+  taken = hlo.only_in_branches(hlo_text) if entry is not None else frozenset()
   if entry is None:
-    comps, runs = {"": hlo_text.splitlines()}, {"": 1}
+    comps, runs = {"": hlo_text.splitlines()}, {"": 0 if in_branches else 1}
   total = np.zeros(len(node_of))
   for name, lines in comps.items():
-    times = runs.get(name, 0)
+    times = runs.get(name, 0) if (name in taken) == in_branches else 0
     for line in lines:
       found = _INSTRUCTION.match(line)
       if not found or not times:

@@ -226,7 +226,7 @@ def _is_cross_slice_all_reduce(rhs: str) -> bool:
   )
 
 
-def cross_slice_bytes(hlo_text: str, num_slices: int) -> float:
+def cross_slice_bytes(hlo_text: str, num_slices: int, in_branches: bool = False) -> float:
   """Bytes per chip that a compiled multislice TPU program sends between slices (DCN).
 
   Traffic between slices is the program's host transfers (`send`/`recv` with
@@ -235,21 +235,28 @@ def cross_slice_bytes(hlo_text: str, num_slices: int) -> float:
   an ALL_REDUCE sends 2 (S-1)/S B (a bandwidth-optimal all-reduce of B across S), an
   ALL_TO_ALL (S-1)/S B (the parts bound for other slices), an ALL_GATHER of a result of
   R bytes (S-1)/S R (its own part once to every other slice); any other host transfer,
-  its B bytes.
+  its B bytes.  B is the transfer's shape as the compiler wrote it: where the operand's
+  layout pads its (8, 128) tiles, the compiler sends the padded buffer and the shape says
+  so (a `ZeroCrop` of f32[N,64] to f32[N,128] before the send).
 
   Per run of the program: a transfer inside a while loop's body counts once per iteration
   (hlo_text.executions; a loop whose trip count the text does not give raises
-  hlo_text.UnknownTripCount).  Text with no computation headers (a fragment) is counted
+  hlo_text.UnknownTripCount).  Computations that run only when a conditional's branch is
+  taken (hlo_text.only_in_branches) are left out; `in_branches` counts them instead, each
+  as if its branch were taken.  Text with no computation headers (a fragment) is counted
   as it is.
   """
   from equarx_pass.ir import hlo_text as hlo
 
   comps, entry = hlo.split_computations(hlo_text)
   if entry is None:
-    return _transfer_bytes(hlo_text.splitlines(), num_slices)
+    return 0.0 if in_branches else _transfer_bytes(hlo_text.splitlines(), num_slices)
   runs = hlo.executions(hlo_text)
+  taken = hlo.only_in_branches(hlo_text)
   return sum(
-    runs[name] * _transfer_bytes(lines, num_slices) for name, lines in comps.items() if name in runs
+    runs[name] * _transfer_bytes(lines, num_slices)
+    for name, lines in comps.items()
+    if name in runs and (name in taken) == in_branches
   )
 
 

@@ -89,7 +89,7 @@ def trip_count(comps: dict[str, list[str]], caller: list[str], line: str) -> int
 def executions(text: str) -> dict[str, int]:
   """How many times one run of the module runs each computation reached from its entry
   (while bodies: their trip count; conditions: one more; fusions, calls, reductions and
-  branches: their caller's).  Raises UnknownTripCount."""
+  branches: their caller's, a branch's as if taken).  Raises UnknownTripCount."""
   comps, entry = split_computations(text)
   counts: dict[str, int] = {}
 
@@ -101,16 +101,51 @@ def executions(text: str) -> dict[str, int]:
         visit(_search(r"body=" + _NAME, line, "body").group(1), times * n)
         visit(_search(r"condition=" + _NAME, line, "condition").group(1), times * (n + 1))
         continue
-      callees = re.findall(r"(?:calls|to_apply)=" + _NAME, line)
-      for group in re.findall(r"branch_computations=\{([^}]*)\}", line):
-        callees += [c.strip().lstrip("%") for c in group.split(",")]
-      for callee in callees:
+      for callee in _callees(line) + _branches(line):
         if callee in comps:
           visit(callee, times)
 
   if entry is not None:
     visit(entry, 1)
   return counts
+
+
+def only_in_branches(text: str) -> frozenset[str]:
+  """The computations that one run of the module reaches only through a conditional's
+  branch: they run only when the program takes that branch, which it decides as it runs
+  (a `jax.lax.cond`, MaxText's DiLoCo sync every few steps)."""
+  comps, entry = split_computations(text)
+  reached: dict[str, bool] = {}  # computation -> reached only through a branch
+
+  def visit(name: str, in_branch: bool) -> None:
+    if name in reached and (reached[name] <= in_branch):
+      return  # seen so, or already reached outside a branch
+    reached[name] = in_branch
+    for line in comps[name]:
+      for callee in _callees(line):
+        if callee in comps:
+          visit(callee, in_branch)
+      for callee in _branches(line):
+        if callee in comps:
+          visit(callee, True)
+
+  if entry is not None:
+    visit(entry, False)
+  return frozenset(name for name, in_branch in reached.items() if in_branch)
+
+
+def _callees(line: str) -> list[str]:
+  """The computations an instruction runs unconditionally (a while's body and condition,
+  a fusion's or call's, a reduction's)."""
+  return re.findall(r"(?:calls|to_apply|body|condition)=" + _NAME, line)
+
+
+def _branches(line: str) -> list[str]:
+  """The branches of a conditional instruction, in either of XLA's spellings."""
+  found = re.findall(r"(?:true|false)_computation=" + _NAME, line)
+  for group in re.findall(r"branch_computations=\{([^}]*)\}", line):
+    found += [c.strip().lstrip("%") for c in group.split(",")]
+  return found
 
 
 # Bytes per element of XLA's HLO element types.

@@ -108,6 +108,30 @@ def _inside_branch(op: ir.Operation) -> bool:
   return False
 
 
+def _ancestors(op: ir.Operation) -> list[ir.Operation]:
+  """The ops around `op` in its function, innermost first."""
+  out = []
+  parent = op.parent
+  while parent is not None and parent.name != "func.func":
+    out.append(parent)
+    parent = parent.parent
+  return out
+
+
+def used_in_branch(op: ir.Operation) -> bool:
+  """Whether a result of `op` is used inside the branch of a conditional that `op` is not
+  in (a branch reads the values around it without operands; XLA passes them in)."""
+  around = _ancestors(op)
+  for result in op.results:
+    for use in result.uses:
+      owner: Any = use.owner
+      user = owner if isinstance(owner, ir.Operation) else owner.operation
+      for parent in _ancestors(user):
+        if parent.name in CONDITIONALS and not any(parent == a for a in around):
+          return True
+  return False
+
+
 def branch_functions(module: ir.Module) -> frozenset[str]:
   """The functions of `module` that run only when a conditional's branch is taken: every
   call of them is in a branch, or in a function of this set."""

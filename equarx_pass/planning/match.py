@@ -123,6 +123,7 @@ def module_facts(module: ir.Module) -> ModuleFacts:
 # mesh's axes) gets no collective from the partitioner (auto_sharded_ops).
 _INERT_OPS = frozenset({"func.return", "stablehlo.constant", "sdy.return"})
 MANUAL_COMPUTATION = "sdy.manual_computation"
+SHARDING_CONSTRAINT = "sdy.sharding_constraint"
 
 
 def auto_sharded_ops(module: ir.Module) -> list[str]:
@@ -154,6 +155,8 @@ def auto_sharded_ops(module: ir.Module) -> list[str]:
           continue
         if op.name == MANUAL_COMPUTATION and not _partly_auto(op, facts):
           continue
+        if op.name == SHARDING_CONSTRAINT and _restates_manual_output(op):
+          continue
         if op.name == "func.call":
           callee = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
           if callee in functions and callee not in seen:
@@ -166,6 +169,18 @@ def auto_sharded_ops(module: ir.Module) -> list[str]:
   if main is not None:
     visit(main)
   return found
+
+
+def _restates_manual_output(constraint: ir.Operation) -> bool:
+  """Whether an sdy.sharding_constraint asks for the sharding its operand already has as a
+  manual computation's result (what shard_map's lowering adds after it: the partitioner
+  has nothing to move)."""
+  value: Any = constraint.operands[0]
+  owner = value.owner
+  if isinstance(owner, ir.Block) or owner.name != MANUAL_COMPUTATION:
+    return False
+  outs = list(sdy.TensorShardingPerValueAttr(owner.attributes["out_shardings"]).shardings)
+  return str(outs[value.result_number]) == str(constraint.attributes["sharding"])
 
 
 def _partly_auto(manual: ir.Operation, facts: ModuleFacts) -> bool:
@@ -298,9 +313,12 @@ class Site:
   # "bf16 summed as f32" for each operand type an all-reduce widens to its result's (the
   # sum happens in the result's type), sorted: read while the op exists, for the report.
   promoted: tuple[str, ...] = ()
-  # In a branch of a conditional (loops.in_branch): it runs only when the branch is taken,
-  # and on a TPU its operand keeps the default layout (platforms.TileRule).
+  # In a branch of a conditional (loops.in_branch): it runs only when the branch is taken.
   in_branch: bool = False
+  # Its operand keeps the default layout (on a TPU, its last dimension on the lanes:
+  # platforms.TileRule): the compiler passes a conditional's values in that layout, and
+  # the site is in a branch or a branch uses its result.
+  default_layout: bool = False
 
   @property
   def nbytes(self) -> int:
@@ -415,6 +433,7 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
   dimension = 0
   if kind in dimension_attr:
     dimension = ir.IntegerAttr(attrs[dimension_attr[kind]]).value
+  in_branch = loops.in_branch(op, facts.branch_functions)
   site = Site(
     index,
     _location(op),
@@ -426,7 +445,8 @@ def describe(op: ir.Operation, index: int, facts: ModuleFacts) -> tuple[Site, st
     kind,
     dimension,
     promoted=_promoted(op),
-    in_branch=loops.in_branch(op, facts.branch_functions),
+    in_branch=in_branch,
+    default_layout=in_branch or loops.used_in_branch(op),
   )
   return site, problem or group_problem
 
