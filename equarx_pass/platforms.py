@@ -13,6 +13,7 @@ cites them); `--equarx_fast_link_bandwidth` and `--equarx_slow_link_bandwidth` o
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Literal
 
 from equarx_pass import registry
@@ -65,6 +66,48 @@ CPU_LINKS = (
   LinkClass("memory", 2.7, 1e-5, per_device=False),
   LinkClass("network", 0.0125, 1e-3, per_device=False),
 )
+
+
+@dataclasses.dataclass(frozen=True)
+class TileRule:
+  """How a platform stores an array: in tiles of rows of lanes over its two minor
+  dimensions, each padded to whole tiles.  A collective sends the stored buffer, padding
+  included, so its bytes are the tiles' (the native collective's bytes: plan.py).
+
+  TPU (libtpu 0.0.50.1, v5e; tests/test_tpu_tile_bytes.py): 128 lanes, and 8 rows, or for
+  fewer rows the power of two that holds them (a row of f32 takes (1, 128) tiles, three
+  rows (4, 128)), at least the rows one 32-bit word packs (2 of bf16, 4 of int8); a vector
+  is stored as rows of 128 lanes.  The compiler picks which two dimensions are the minor
+  ones: the pair that pads least (an f32[N, 64] is stored with N on the lanes, unpadded).
+  Where a conditional's branch holds the collective or uses its result, the operand keeps
+  the default layout, its last dimension on the lanes: there an f32[N, 64] takes N x 128
+  values, and the compiler zero-pads it to f32[N, 128] before it sends it.
+  """
+
+  rows: int = 8
+  lanes: int = 128
+
+  def stored_size(self, shape: tuple[int, ...], itemsize: int, default_layout: bool) -> int:
+    """Values an array of `shape` takes in whole tiles; `default_layout`: its last two
+    dimensions are the minor ones (else the two that pad least)."""
+    size = math.prod(shape)
+    if size == 0 or len(shape) == 0:
+      return size
+    if len(shape) == 1:
+      return self._tiles(-(-size // self.lanes), self.lanes, itemsize)
+    last = len(shape) - 1
+    pairs = [(last - 1, last)]
+    if not default_layout:
+      pairs = [(r, c) for r in range(len(shape)) for c in range(len(shape)) if r != c]
+    return min(
+      size // (shape[r] * shape[c]) * self._tiles(shape[r], shape[c], itemsize) for r, c in pairs
+    )
+
+  def _tiles(self, rows: int, lanes: int, itemsize: int) -> int:
+    """Values `rows` x `lanes` take in whole tiles."""
+    packed = max(1, 4 // max(itemsize, 1))  # rows that one 32-bit word holds
+    tile = min(self.rows, max(packed, 1 << (rows - 1).bit_length()))
+    return -(-rows // tile) * tile * -(-lanes // self.lanes) * self.lanes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +174,15 @@ class PlatformRules:
   # the compiler takes MHLO left in the rebuilt program (else StableHLO only).
   read_after_simplification: bool = False
   compiles_mhlo: bool = False
+  # Memory (cost.py): the tiles the platform stores arrays in, padded to whole tiles; None:
+  # stored as they are (CPU, GPU).
+  tiles: TileRule | None = None
+
+  def stored_size(self, shape: tuple[int, ...], itemsize: int, default_layout: bool) -> int:
+    """Values an array of `shape` takes in this platform's memory (TileRule)."""
+    if self.tiles is None:
+      return math.prod(shape)
+    return self.tiles.stored_size(shape, itemsize, default_layout)
 
   def links_for(self, device_kind: str = "") -> tuple[LinkClass, LinkClass]:
     for prefix, links in self.links_by_device_kind:
@@ -190,6 +242,7 @@ register(
     # time grows with the chunk (quantize_emit.block_max).
     block_max_in_stages=True,
     kernel_target="tpu",
+    tiles=TileRule(),
   )
 )
 register(

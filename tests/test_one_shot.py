@@ -28,8 +28,10 @@ def _mesh():
 
 
 def _run(flags: str, columns: int):
-  """A bf16 psum over dp (groups {d, d + 4}: one device in each domain), 8 x `columns`."""
-  x = np.random.default_rng(3).standard_normal((8, columns)).astype(jnp.bfloat16)
+  """A bf16 psum over dp (groups {d, d + 4}: one device in each domain) of `columns`
+  values a device, as 2 rows: a TPU stores them unpadded (one row of bf16 would take
+  two rows of tiles, twice the bytes: platforms.TileRule)."""
+  x = np.random.default_rng(3).standard_normal((16, columns // 2)).astype(jnp.bfloat16)
   fn = equarx_pass.jit(psum_program(_mesh(), "dp"), flags=ACROSS + flags)
   out = np.asarray(fn(x))
   (record,) = fn.report.records
@@ -40,9 +42,9 @@ def _equals_model(fn, x, out):
   ids = np.arange(8).reshape(2, 4)
   for group in ids.T:
     scheme = dataclasses.replace(fn.policy.scheme, algorithm="one_shot")
-    model = scheme_lib.reference([x[d : d + 1] for d in group], scheme, jnp.bfloat16)
+    model = scheme_lib.reference([x[2 * d : 2 * d + 2] for d in group], scheme, jnp.bfloat16)
     for pos, d in enumerate(group):
-      np.testing.assert_array_equal(out[d], model[pos][0], err_msg=f"device {d}")
+      np.testing.assert_array_equal(out[2 * d : 2 * d + 2], model[pos], err_msg=f"device {d}")
 
 
 def test_small_site_across_slices_gets_the_one_shot():

@@ -123,6 +123,19 @@ def _operand_bytes(cand: Candidate) -> tuple[int, int]:
   return sum(o.size * b for o, b in zip(site.operands, sizes)), max(sizes)
 
 
+def stored_bytes(site: match.Site, platform: str) -> int:
+  """Bytes of the operands per device as the platform stores them, which the native
+  collective sends: on a TPU in whole tiles, padding included (PlatformRules.tiles; where
+  a conditional takes or gives the operand, in the default layout: Site.default_layout)."""
+  rules = rules_for(platform)
+  total = 0
+  for o in site.operands:
+    itemsize = DTYPE_BYTES.get(o.dtype, 4)
+    size = o.size if o.shape is None else rules.stored_size(o.shape, itemsize, site.default_layout)
+    total += size * itemsize
+  return total
+
+
 def _hierarchical(
   cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme
 ) -> Route | None:
@@ -137,7 +150,7 @@ def _hierarchical(
   nbytes, itemsize = _operand_bytes(cand)
   k, s = levels.per_domain, levels.domains
   values = sum(o.size for o in site.operands)
-  native = _native(cand, nbytes, itemsize, topology)
+  native = _native(cand, itemsize, topology)
   outer = make_schedule(levels.outer)
   across_domains = range(s)  # one member of each domain
   if site.kind == SiteKind.ALL_REDUCE:
@@ -182,8 +195,8 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme) -
   site = cand.site
   assert site.groups is not None
   group = site.groups[0]
-  nbytes, itemsize = _operand_bytes(cand)
-  native = _native(cand, nbytes, itemsize, topology)
+  _, itemsize = _operand_bytes(cand)
+  native = _native(cand, itemsize, topology)
   domains = [topology.domain_of(d) for d in group]
   # A group with every member in a domain of its own sends all it sends across the slow
   # links: there --equarx_slow_format applies (a group that also spans fast links keeps
@@ -203,12 +216,14 @@ def _flat(cand: Candidate, policy: Policy, topology: Topology, scheme: Scheme) -
   return FlatRoute(native, rewritten, values, note, len(group), scheme=scheme, layout=layout)
 
 
-def _native(cand: Candidate, nbytes: int, itemsize: int, topology: Topology) -> cost.Traffic:
+def _native(cand: Candidate, itemsize: int, topology: Topology) -> cost.Traffic:
   """What the native collective sends: an all-reduce's bytes and steps; a reduce-scatter's
   or an all-gather's, half those of an all-reduce of the whole tensor (so is an
-  all-reduce that the compiler makes a reduce-scatter: Site.scattered)."""
+  all-reduce that the compiler makes a reduce-scatter: Site.scattered).  The bytes are
+  the operands' as the platform stores them (stored_bytes)."""
   site = cand.site
   assert site.groups is not None
+  nbytes = stored_bytes(site, topology.platform)
   group = site.groups[0]
   if site.kind == SiteKind.ALL_REDUCE and not site.scattered:
     return cost.native_all_reduce(group, nbytes, itemsize, topology)
@@ -469,7 +484,7 @@ def _with_native_traffic(skip: Skip, topology: Topology) -> Skip:
   if any(o.shape is None or o.dtype not in DTYPE_BYTES for o in site.operands):
     return skip
   itemsize = max(DTYPE_BYTES[o.dtype] for o in site.operands)
-  nbytes = sum(o.size * DTYPE_BYTES[o.dtype] for o in site.operands)
+  nbytes = stored_bytes(site, topology.platform)
   native = cost.native_all_reduce(site.groups[0], nbytes, itemsize, topology)
   return dataclasses.replace(skip, route=NativeRoute(native, native, 0))
 
