@@ -146,7 +146,14 @@ def _rewrite_one(exp, module: ir.Module, policy: Policy, name: str):
     return done.module, part
   result = rewrite_module(module, policy, platform)
   changed = result.modified or policy.identity
-  part = Part(name, result.records, result.seconds, topology=result.topology)
+  unseen = ""
+  if exp.nr_devices > 1 and match.auto_sharded_ops(module):  # and --equarx_partitioned=off
+    unseen = (
+      "the collectives XLA's SPMD partitioner inserts into the auto-sharded part are not in "
+      "this module and were not considered; reached by: --equarx_partitioned=auto (the "
+      "default) or on"
+    )
+  part = Part(name, result.records, result.seconds, topology=result.topology, unseen=unseen)
   return (result.module if changed else None), part
 
 
