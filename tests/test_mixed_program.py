@@ -165,6 +165,23 @@ def test_manual_throughout_stays_lowered():
   assert "manual throughout" in str(f.report) and "not considered" not in str(f.report)
 
 
+def test_shard_maps_output_constraint_is_not_auto_sharded():
+  """shard_map's lowering restates its sharded output's sharding after it
+  (sdy.sharding_constraint, over a mesh of Explicit axes): nothing for the partitioner to
+  do."""
+  mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(jax.sharding.AxisType.Explicit,) * 2)
+  spec = P(("a", "b"))
+  f = jax.shard_map(
+    lambda g: jax.lax.psum(g, ("a", "b")), mesh=mesh, in_specs=spec, out_specs=spec, check_vma=False
+  )
+  g = jax.device_put(np.ones((8, 64), np.float32), NamedSharding(mesh, spec))
+  module = jax.jit(f).lower(g).compiler_ir("stablehlo")
+  assert "sdy.sharding_constraint" in str(module)
+  assert match.auto_sharded_ops(module) == []
+  moved = jax.jit(lambda g: jax.lax.with_sharding_constraint(f(g), NamedSharding(mesh, P())))
+  assert match.auto_sharded_ops(moved.lower(g).compiler_ir("stablehlo"))
+
+
 def test_partly_manual_shard_map_takes_the_partitioned_route():
   """A shard_map manual over one axis leaves the other to the partitioner."""
   mesh = jax.make_mesh((2, 4), ("a", "b"), axis_types=(AUTO, AUTO))

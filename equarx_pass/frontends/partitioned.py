@@ -103,8 +103,9 @@ def rewrite_partitioned(lowered, policy: Policy, devices=None) -> PartitionedRew
   first_compile = time.perf_counter() - start
   start = time.perf_counter()
   original = lowered.compiler_ir("stablehlo")
-  if not policy.identity and not holds_collective(hlo_proto, policy.ops):
-    # Nothing to rewrite (a parameter initialisation, a helper): no conversion, no pass.
+  if not holds_collective(hlo_proto, policy.ops):
+    # Nothing to rewrite (a parameter initialisation, a helper): no conversion, no pass;
+    # under --equarx_identity too, which takes the routes --equarx_enable takes.
     return PartitionedRewrite(
       compiled if reusable else None,
       RewriteResult(original, [], 0.0),
