@@ -209,34 +209,3 @@ def test_nothing_to_rewrite_reuses_the_compile():
   want = jax.jit(lambda k: jax.random.normal(k, (256, 128)), out_shardings=out)(key)
   np.testing.assert_array_equal(np.asarray(init(key)), np.asarray(want))
   assert "no collective in it" in str(init.report)
-
-
-def test_a_new_pytree_never_runs_another_trees_executable():
-  """Two argument trees that lower to the same program (a state whose counter is wrapped
-  at the first step and bare after) each get an executable of their own tree."""
-
-  @jax.tree_util.register_pytree_node_class
-  class Box:
-    def __init__(self, value):
-      self.value = value
-
-    def tree_flatten(self):
-      return (self.value,), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-      return cls(*children)
-
-  mesh = jax.make_mesh((8,), ("data",), axis_types=(AUTO,))
-  x = jax.device_put(np.ones((8, 1 << 15), np.float32), NamedSharding(mesh, P("data")))
-
-  def step(state, x):
-    count = state["count"].value if isinstance(state["count"], Box) else state["count"]
-    return {"count": count + 1}, jnp.sum(x, axis=0) * count
-
-  f = equarx_pass.jit(step, flags="--equarx_enable --equarx_domain_devices=4")
-  one = jax.device_put(jnp.int32(1), NamedSharding(mesh, P()))
-  state, first = f({"count": Box(one)}, x)
-  state, second = f(state, x)  # the counter is a bare array now
-  assert int(state["count"]) == 3
-  np.testing.assert_allclose(np.asarray(second), 2 * np.asarray(first), rtol=2e-2)
