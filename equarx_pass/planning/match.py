@@ -149,9 +149,16 @@ def auto_sharded_ops(module: ir.Module) -> list[str]:
 
   def visit(function: ir.Operation) -> None:
     for block in function.regions[0].blocks:
+      constant: set = set()  # values computed from constants alone: the same on every device
       for view in block.operations:
         op = view.operation
         if op.name in _INERT_OPS:
+          constant.update(op.results)
+          continue
+        if not op.regions and all(v in constant for v in op.operands):
+          # A constant's broadcast or reshape that JAX hoisted out of a shard_map: each
+          # device computes it whole, nothing for the partitioner to split.
+          constant.update(op.results)
           continue
         if op.name == MANUAL_COMPUTATION and not _partly_auto(op, facts):
           continue
