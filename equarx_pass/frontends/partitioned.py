@@ -42,7 +42,7 @@ from jax.extend.mlir.dialects import func, sdy, stablehlo
 from equarx_pass import _jax_private
 from equarx_pass.errors import RewriteError
 from equarx_pass.frontends import tpu_aot
-from equarx_pass.ir import mhlo_legalize, traverse
+from equarx_pass.ir import dot_transposes, mhlo_legalize, traverse
 from equarx_pass.planning import match
 from equarx_pass.planning.policy import Policy
 from equarx_pass.platforms import named_by_jax, rules_for
@@ -306,7 +306,11 @@ def _per_device_module(proto: bytes, original: ir.Module, platform: str) -> ir.M
 
   The conversion drops the device counts and writes replica groups as
   mesh-axes attributes over a mesh of its own; both are made explicit here so
-  that the functions can move into another module.  The ops it leaves in MHLO are
+  that the functions can move into another module.  Where the program is read after
+  XLA's simplification (CPU), the transposes that a dot reads and that XLA wrote in the
+  default layout are folded into the dots (ir/dot_transposes.py: the way back to HLO
+  would lay them out otherwise, and XLA:CPU would compute such a bf16 dot in f32).
+  The ops it leaves in MHLO are
   written in StableHLO (mhlo_legalize); one that cannot be is refused where the
   rebuilt program compiles through StableHLO (every platform but XLA:CPU).
   """
@@ -326,6 +330,8 @@ def _per_device_module(proto: bytes, original: ir.Module, platform: str) -> ir.M
     if name in attrs:
       module.operation.attributes[name] = attrs[name]
   _dense_replica_groups(module)
+  if rules_for(named_by_jax(platform)).read_after_simplification:
+    dot_transposes.fold_default_layout_transposes(module)
   for op in list(module.body.operations):
     if op.operation.name == "sdy.mesh":
       op.operation.erase()
