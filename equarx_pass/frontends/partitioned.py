@@ -144,11 +144,14 @@ SITE_OPCODES = {
 
 
 def holds_collective(hlo_proto: bytes, ops) -> bool:
-  """Whether the serialized HloModuleProto may hold a collective of the kinds `ops`
-  names: its bytes hold the opcode's name (a proto stores each instruction's opcode as a
+  """Whether the serialized HloModuleProto may hold a site: an all-reduce, or a collective
+  of the kinds `ops` names: its bytes hold the opcode's name (a proto stores each instruction's opcode as a
   string).  A name or metadata that merely contains it can only say yes, and a yes
   costs just the full read."""
-  return any(SITE_OPCODES[SiteKind(op)] in hlo_proto for op in ops)
+  # Every all-reduce is a site whatever `ops` says (match.find_sites): rewritten, taken as
+  # a reduce-scatter with the slice after it, or listed as skipped.
+  opcodes = {SITE_OPCODES[SiteKind.ALL_REDUCE]} | {SITE_OPCODES[SiteKind(op)] for op in ops}
+  return any(opcode in hlo_proto for opcode in opcodes)
 
 
 def count_compiled_all_reduces(compiled) -> int:
