@@ -81,7 +81,9 @@ def lowered_with_executable(lowered, compiled):
   a copy whose compile() returns that executable instead of compiling again.
 
   Private: pxla.MeshComputation._executable, which its compile() returns when set (what
-  jax.jit's own lower().compile() caches), and jax.stages.Compiled._executable.  The
+  jax.jit's own lower().compile() caches), its compile(compiler_options, device_assignment=),
+  shadowed on the copy so that empty options get the executable too, and
+  jax.stages.Compiled._executable.  The
   partitioned route's read compile is plain jax.jit's compile of the module; a user who
   lowers and compiles later gets it instead of a second compile.
   """
@@ -90,7 +92,17 @@ def lowered_with_executable(lowered, compiled):
   from jax import stages
 
   new = copy.copy(lowered._lowering)
-  new._executable = compiled._executable
+  new._executable = executable = compiled._executable
+  plain_compile = new.compile
+
+  def compile(compiler_options=None, *, device_assignment=None):
+    # Empty options ask for nothing the read compile lacks (MaxText passes {} when its
+    # compile_xla_flags is empty), yet pxla compiles again for any dict; answer those too.
+    if not compiler_options and device_assignment is None:
+      return executable
+    return plain_compile(compiler_options, device_assignment=device_assignment)
+
+  new.compile = compile  # the copy's own: the cached lowering jax.jit holds is untouched
   return stages.Lowered(
     new,
     lowered.args_info,
