@@ -9,6 +9,8 @@ import contextlib
 import copy
 import threading
 
+import numpy as np
+
 from jax.extend.mlir import ir
 
 
@@ -166,6 +168,32 @@ def sharding_meaning(sharding, ndim: int) -> tuple:
     tuple(sharding._device_assignment),
     sharding.memory_kind,
   )
+
+
+def named_on_mesh(sharding, axis_names, axis_sizes, mesh_devices, ndim: int):
+  """`sharding` (the GSPMDSharding XLA gives an argument the caller did not shard) as a
+  NamedSharding over the mesh of `axis_names` and `axis_sizes` whose devices, row-major,
+  are `mesh_devices`; None where no PartitionSpec of that mesh means the same (the same
+  HLO sharding over the same devices in the same order: sharding_meaning).
+
+  Private: jax._src.sharding_impls.parse_flatten_op_sharding (what JAX uses to name a
+  GSPMD sharding over a mesh) and GSPMDSharding._hlo_sharding.
+  """
+  from jax._src import sharding_impls
+  from jax.sharding import Mesh, NamedSharding
+
+  hlo_sharding = getattr(sharding, "_hlo_sharding", None)
+  if hlo_sharding is None:
+    return None
+  mesh = Mesh(np.array(mesh_devices, dtype=object).reshape(axis_sizes), tuple(axis_names))
+  try:
+    (spec,) = sharding_impls.parse_flatten_op_sharding(hlo_sharding, mesh)
+    named = NamedSharding(mesh, spec, memory_kind=sharding.memory_kind)
+  except Exception:  # a tiling no axis order of the mesh gives
+    return None
+  if sharding_meaning(named, ndim) != sharding_meaning(sharding, ndim):
+    return None
+  return named
 
 
 def compiled_call(compiled):

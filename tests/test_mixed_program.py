@@ -209,3 +209,26 @@ def test_nothing_to_rewrite_reuses_the_compile():
   want = jax.jit(lambda k: jax.random.normal(k, (256, 128)), out_shardings=out)(key)
   np.testing.assert_array_equal(np.asarray(init(key)), np.asarray(want))
   assert "no collective in it" in str(init.report)
+
+
+def test_unsharded_arguments_take_the_partitioned_route(recwarn):
+  """NumPy arguments: XLA chooses their shardings (GSPMD shardings, no mesh), which the
+  rebuilt program names over the mesh; no fallback, identity bit for bit."""
+  mesh = jax.make_mesh((8,), ("tp",), axis_types=(AUTO,))
+
+  def mlp(x, w1, w2):
+    return jax.lax.psum(jax.nn.relu(x @ w1) @ w2, "tp")
+
+  f = jax.shard_map(mlp, mesh=mesh, in_specs=(P(), P(None, "tp"), P("tp", None)), out_specs=P())
+  rng = np.random.default_rng(0)
+  args = (
+    rng.standard_normal((64, 256), np.float32),
+    rng.standard_normal((256, 1024), np.float32) / 16,
+    rng.standard_normal((1024, 256), np.float32) / 32,
+  )
+  step = lambda x, w1, w2: f(x, w1, w2) * 2.0  # an op outside the shard_map
+  same = equarx_pass.jit(step, flags=IDENTITY)
+  np.testing.assert_array_equal(np.asarray(same(*args)), np.asarray(jax.jit(step)(*args)))
+  (low,) = same.report.lowerings
+  assert low.route == "partitioned" and not low.note and low.records[0].rewritten
+  assert not [w for w in recwarn if issubclass(w.category, equarx_pass.EquarxWarning)]

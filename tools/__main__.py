@@ -19,6 +19,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 BENCHMARKS = {
   "bench_auto_sharded": "extra compile cost of the partitioned route (compiler-inserted all-reduces)",
   "bench_compile": "pass time and compile time on a 64-layer tensor-parallel transformer",
+  "bench_first_call": "first call and lower+compile against jax.jit, nothing or something to rewrite",
   "bench_dispatch": "per-call Python dispatch overhead of equarx_pass.jit against jax.jit",
   "bench_gpu_aot": "multi-node H100 clusters, compile-only: bytes across nodes, compile time",
   "bench_gpu_step": "the ring step's arithmetic on one device, against copy bandwidth",

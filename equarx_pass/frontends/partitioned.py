@@ -124,7 +124,9 @@ def rewrite_partitioned(lowered, policy: Policy, devices=None) -> PartitionedRew
   module = None
   if result.modified or policy.identity:  # identity: rebuild even with no site selected
     in_shardings, out_shardings = _jax_private.executable_shardings(compiled)
-    module = _rebuild(original, result.module, mesh_name, mesh, in_shardings, out_shardings)
+    module = _rebuild(
+      original, result.module, mesh_name, mesh, in_shardings, out_shardings, devices
+    )
   return PartitionedRewrite(
     compiled if reusable else None,
     result,
@@ -429,10 +431,24 @@ def _dense_replica_groups(module: ir.Module) -> None:
       )
 
 
-def sdy_sharding_text(sharding, mesh_name: str, mesh: match.Mesh, rank: int) -> str:
-  """A jax NamedSharding over the module's mesh -> `#sdy.sharding<@mesh, [...]>` text."""
+def sdy_sharding_text(sharding, mesh_name: str, mesh: match.Mesh, rank: int, devices=None) -> str:
+  """A jax NamedSharding over the module's mesh -> `#sdy.sharding<@mesh, [...]>` text.
+  `devices` (the program's): where given, a GSPMDSharding (what XLA chose for an argument
+  passed unsharded, such as a NumPy array) is named over the mesh where one spec means it."""
   spec = getattr(sharding, "spec", None)
   jax_mesh = getattr(sharding, "mesh", None)
+  if (spec is None or jax_mesh is None) and devices:
+    by_id = {d.id: d for d in devices}
+    if all(i in by_id for i in mesh.device_ids):
+      named = _jax_private.named_on_mesh(
+        sharding, mesh.axis_names, mesh.axis_sizes, [by_id[i] for i in mesh.device_ids], rank
+      )
+      if named is not None:
+        spec, jax_mesh = named.spec, named.mesh
+  if (spec is None or jax_mesh is None) and getattr(sharding, "is_fully_replicated", False):
+    # XLA hands back a replicated result of a program that mixes shard_map and
+    # auto-sharding as a GSPMDSharding: every device holds it whole, in any mesh.
+    return f"#sdy.sharding<@{mesh_name}, [{', '.join(['{}'] * rank)}]>"
   if spec is None or jax_mesh is None:
     raise NotPartitionable(f"a sharding the partitioned route cannot express: {sharding}")
   if tuple(jax_mesh.axis_names) != tuple(mesh.axis_names) or tuple(jax_mesh.axis_sizes) != tuple(
@@ -459,6 +475,7 @@ def _rebuild(
   mesh: match.Mesh,
   in_shardings,
   out_shardings,
+  devices=None,
 ) -> ir.Module:
   """`original`'s main (signature and attributes) around the per-device program."""
   module = copy_module(original)
@@ -485,11 +502,11 @@ def _rebuild(
     if len(in_shardings) != len(arg_types) or len(out_shardings) != len(result_types):
       raise NotPartitionable("the executable's shardings do not match main's arguments and results")
     in_attrs = [
-      ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape)))
+      ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape), devices))
       for s, t in zip(in_shardings, map(ir.RankedTensorType, arg_types))
     ]
     out_attrs = [
-      ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape)))
+      ir.Attribute.parse(sdy_sharding_text(s, mesh_name, mesh, len(t.shape), devices))
       for s, t in zip(out_shardings, map(ir.RankedTensorType, result_types))
     ]
     _set_value_attrs(main, "arg_attrs", in_attrs)
