@@ -37,6 +37,7 @@ BENCHMARKS = {
 CHECKS = {
   "bf16_ring": "self-check of the bf16 ring baseline on 8 CPU devices",
   "check_diloco": "MaxText's DiLoCo trainer under equarx-run: losses at every sync on 8 CPUs",
+  "time_maxtext_compile": "MaxText before its first step: init, lower, compile, natively and under the pass",
   "check_gemma": "flax's gemma example's train step under equarx_pass.jit (a flax checkout)",
   "check_lm1b": "flax's lm1b example's train step under equarx_pass.jit (a flax checkout)",
   "check_maxtext": "MaxText's train step under equarx-run: CPU losses, multislice TPU AOT",
