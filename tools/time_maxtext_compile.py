@@ -37,6 +37,9 @@ import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchlib  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 TRAIN = "maxtext.trainers.pre_train.train"
@@ -256,7 +259,9 @@ def main() -> int:
   p.add_argument(
     "--configs", nargs="*", default=list(CONFIGS), help="which of: " + ", ".join(CONFIGS)
   )
-  p.add_argument("--out", default=None, help="JSON of every run (default WORK/results.json)")
+  p.add_argument(
+    "--out", default=None, help="result file (default results/time_maxtext_compile.json)"
+  )
   args = p.parse_args()
   os.makedirs(args.work, exist_ok=True)
   env = dict(
@@ -342,9 +347,9 @@ def main() -> int:
       else:
         cells.append(f"{v:.2f}")
     print(f"| {n} | {len(runs[n])} | " + " | ".join(cells) + " |")
-  out = args.out or os.path.join(args.work, "results.json")
-  with open(out, "w") as f:
-    json.dump(dict(runs=runs, medians=medians, configs=CONFIGS), f, indent=1)
+  out = args.out or os.path.join(benchlib.RESULTS, "time_maxtext_compile.json")
+  rows = [dict(config=n, **m) for n, m in medians.items()]
+  benchlib.write_result(out, rows, configs=CONFIGS, runs=runs, repeats=args.repeats)
   print(
     "\n| program | lower less the compile inside it s | XLA compiles of train_step (median s each) |"
   )
