@@ -447,7 +447,7 @@ class Jitted:
     SPMD partitioning, for a multi-device program with any part left to the partitioner
     (`auto`), or always (`on`); else the lowered StableHLO."""
     mode = self.policy.partitioned
-    if match.module_facts(module).num_partitions <= 1:
+    if match.mesh_facts(module).num_partitions <= 1:
       return RouteChoice(False, "one partition: no SPMD partitioning")
     auto_ops = match.auto_sharded_ops(module)
     if mode == "off":

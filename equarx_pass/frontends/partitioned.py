@@ -295,7 +295,7 @@ def _only_mesh(module: ir.Module):
   of the same axes and devices under two names are one mesh: JAX 0.11 and later give a
   shard_map's mesh-axes replica groups a symbol of their own (@mesh_0 beside @mesh)."""
   meshes: dict[match.Mesh, str] = {}
-  for name, mesh in match.module_facts(module).meshes:
+  for name, mesh in match.mesh_facts(module).meshes:
     if mesh.axis_names:
       meshes.setdefault(mesh, name)
   if len(meshes) != 1:
@@ -412,7 +412,7 @@ def _restore_mesh_device_ids(module: ir.Module, device_ids: dict) -> None:
 
 def _dense_replica_groups(module: ir.Module) -> None:
   """Every #stablehlo.replica_group_mesh_axes attribute -> dense device-id groups."""
-  facts = match.module_facts(module)
+  facts = match.mesh_facts(module)
   i64 = ir.IntegerType.get_signless(64, module.context)
   for op in traverse.walk(module.operation):
     attrs = op.attributes

@@ -98,6 +98,21 @@ def _mesh_from_attr(attr: ir.Attribute) -> Mesh:
 
 
 def module_facts(module: ir.Module) -> ModuleFacts:
+  """Every fact a site's meaning needs: mesh_facts' and the functions that run async or
+  only in a conditional's branch (both walk the whole module)."""
+  facts = mesh_facts(module)
+  return dataclasses.replace(
+    facts,
+    async_computations=async_computations(module),
+    branch_functions=loops.branch_functions(module),
+  )
+
+
+def mesh_facts(module: ir.Module) -> ModuleFacts:
+  """The facts read off the module's attributes and top-level ops, with no walk:
+  partitions, replicas and meshes (its async and branch function sets left empty: ask
+  module_facts where a site's meaning needs them).  The route choice and the partitioned
+  route's conversion need no more, and ask on every lowering."""
   attrs = module.operation.attributes
 
   def get(name):
@@ -109,13 +124,7 @@ def module_facts(module: ir.Module) -> ModuleFacts:
     if op.name == "sdy.mesh":
       name = ir.StringAttr(op.attributes["sym_name"]).value
       meshes.append((name, _mesh_from_attr(op.attributes["mesh"])))
-  return ModuleFacts(
-    get("mhlo.num_partitions"),
-    get("mhlo.num_replicas"),
-    tuple(meshes),
-    async_computations(module),
-    loops.branch_functions(module),
-  )
+  return ModuleFacts(get("mhlo.num_partitions"), get("mhlo.num_replicas"), tuple(meshes))
 
 
 # Ops that compute nothing the SPMD partitioner could split: outside every manual
@@ -138,7 +147,7 @@ def auto_sharded_ops(module: ir.Module) -> list[str]:
   (GSPMD's custom calls mark manual regions by value, not by region): the route that
   sees the partitioner's collectives is the safe one for both.
   """
-  facts = module_facts(module)
+  facts = mesh_facts(module)
   functions = {
     traverse.function_name(view.operation): view.operation
     for view in module.body.operations
