@@ -65,17 +65,8 @@ def lowered_with_module(lowered, module: ir.Module):
   `jitted.lower()` may hand back a cached lowering that already holds an
   executable, and mutating it would silently run the old program.
   """
-  from jax import stages
-
   new = _lowering_copy(lowered, module, dict(lowered._lowering.compile_args))
-  return stages.Lowered(
-    new,
-    lowered.args_info,
-    lowered.out_tree,
-    no_kwargs=lowered._no_kwargs,
-    in_types=lowered._in_types,
-    out_types=lowered._out_types,
-  )
+  return _lowered_like(lowered, new)
 
 
 def lowered_with_executable(lowered, compiled):
@@ -91,8 +82,6 @@ def lowered_with_executable(lowered, compiled):
   """
   if compiled is None:
     return lowered
-  from jax import stages
-
   new = copy.copy(lowered._lowering)
   new._executable = executable = compiled._executable
   plain_compile = new.compile
@@ -105,8 +94,16 @@ def lowered_with_executable(lowered, compiled):
     return plain_compile(compiler_options, device_assignment=device_assignment)
 
   new.compile = compile  # the copy's own: the cached lowering jax.jit holds is untouched
+  return _lowered_like(lowered, new)
+
+
+def _lowered_like(lowered, lowering):
+  """A jax.stages.Lowered of `lowering` with everything else `lowered`'s (private: the
+  constructor's `_no_kwargs`, `_in_types`, `_out_types`)."""
+  from jax import stages
+
   return stages.Lowered(
-    new,
+    lowering,
     lowered.args_info,
     lowered.out_tree,
     no_kwargs=lowered._no_kwargs,
