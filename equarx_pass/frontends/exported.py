@@ -112,47 +112,39 @@ def rewrite_exported(exported, module: ir.Module, policy: Policy, path: str) -> 
 def _rewrite_one(exp, module: ir.Module, policy: Policy, name: str):
   """(the rewritten module, or None when it is unchanged; its Part)."""
   platform = _platform(exp, policy, name)
+  # What reaches the partitioner's collectives when this module's own are rewritten as
+  # they are (the lowered route): another mode, or nothing here.
+  reach = "--equarx_partitioned=auto (the default) or on"
   if _wants_partitioned(exp, module, policy):
     try:
       done = _rewrite_partitioned(exp, module, policy)
     except partitioned.NotPartitionable as e:
       if policy.partitioned == "on":
         raise RewriteError(f"{name}: --equarx_partitioned=on: {e}") from None
-      if match.find_sites(module, policy.ops):
-        # Its own collectives can still be rewritten; the report says what is left out.
-        result = rewrite_module(module, policy, platform)
-        unseen = (
-          "the collectives XLA's SPMD partitioner inserts into the auto-sharded part are "
-          f"not in this module and were not considered (the partitioned route: {e}); "
-          "equarx_pass.jit reaches them where the function runs"
-        )
-        part = Part(name, result.records, result.seconds, topology=result.topology, unseen=unseen)
-        return (result.module if result.modified or policy.identity else None), part
-      raise RewriteError(
-        f"{name}: the module spans {exp.nr_devices} devices and holds no all-reduce of its "
-        "own: an auto-sharded program, whose all-reduces the SPMD partitioner inserts when "
-        f"it is compiled. equarx-opt rewrites those by compiling the artifact here, and "
-        f"cannot: {e}. --equarx_partitioned=off writes the module back as it is (nothing "
-        "to rewrite in it); equarx_pass.jit rewrites the function where it runs"
-      ) from None
-    part = Part(
-      name,
-      done.result.records,
-      done.pass_seconds,
-      "partitioned",
-      done.first_compile_seconds,
-      done.result.topology,
-    )
-    return done.module, part
+      if not match.find_sites(module, policy.ops):
+        raise RewriteError(
+          f"{name}: the module spans {exp.nr_devices} devices and holds no all-reduce of its "
+          "own: an auto-sharded program, whose all-reduces the SPMD partitioner inserts when "
+          f"it is compiled. equarx-opt rewrites those by compiling the artifact here, and "
+          f"cannot: {e}. --equarx_partitioned=off writes the module back as it is (nothing "
+          "to rewrite in it); equarx_pass.jit rewrites the function where it runs"
+        ) from None
+      # Its own collectives can still be rewritten; the report says what is left out.
+      reach = f"equarx_pass.jit where the function runs (the partitioned route here: {e})"
+    else:
+      part = Part(
+        name,
+        done.result.records,
+        done.pass_seconds,
+        "partitioned",
+        done.first_compile_seconds,
+        done.result.topology,
+      )
+      return done.module, part
   result = rewrite_module(module, policy, platform)
   changed = result.modified or policy.identity
-  unseen = ""
-  if exp.nr_devices > 1 and match.auto_sharded_ops(module):  # and --equarx_partitioned=off
-    unseen = (
-      "the collectives XLA's SPMD partitioner inserts into the auto-sharded part are not in "
-      "this module and were not considered; reached by: --equarx_partitioned=auto (the "
-      "default) or on"
-    )
+  auto_ops = match.auto_sharded_ops(module) if exp.nr_devices > 1 else []
+  unseen = partitioned.unseen_note(auto_ops, reach)
   part = Part(name, result.records, result.seconds, topology=result.topology, unseen=unseen)
   return (result.module if changed else None), part
 

@@ -70,24 +70,6 @@ class RouteChoice:
   auto_ops: tuple[str, ...] | list[str] = ()
 
 
-def _ops_outside(auto_ops) -> str:
-  """'12 ops outside shard_map, e.g. stablehlo.dot_general'."""
-  n = len(auto_ops)
-  return f"{n} op{'s' if n != 1 else ''} outside shard_map, e.g. {auto_ops[0]}"
-
-
-def _unseen(auto_ops, reach: str) -> str:
-  """The report's line on what the lowered route leaves out of a program with
-  auto-sharded parts ("" for a program manual throughout)."""
-  if not auto_ops:
-    return ""
-  return (
-    "the collectives XLA's SPMD partitioner inserts into the auto-sharded part "
-    f"({_ops_outside(auto_ops)}) are not in this program and were not considered; "
-    f"reached by: {reach}"
-  )
-
-
 @dataclasses.dataclass(frozen=True)
 class LoweringReport:
   """The sites of one lowering (one input signature) of a wrapped function."""
@@ -419,7 +401,9 @@ class Jitted:
         if self.policy.partitioned == "on":
           raise RewriteError(f"--equarx_partitioned=on: {e}") from None
         note, compiled = str(e), e.compiled
-        unseen = _unseen(choice.auto_ops, "no flag: the partitioned route cannot take it")
+        unseen = partitioned.unseen_note(
+          choice.auto_ops, "no flag: the partitioned route cannot take it"
+        )
     result = rewrite_module(
       module,
       self.policy,
@@ -456,12 +440,14 @@ class Jitted:
       return RouteChoice(
         False,
         "--equarx_partitioned=off",
-        unseen=_unseen(auto_ops, "--equarx_partitioned=auto (the default) or on"),
+        unseen=partitioned.unseen_note(auto_ops, "--equarx_partitioned=auto (the default) or on"),
       )
     if mode == "on":
       return RouteChoice(True, "--equarx_partitioned=on")
     if auto_ops:
-      return RouteChoice(True, f"auto-sharded ({_ops_outside(auto_ops)})", auto_ops=auto_ops)
+      return RouteChoice(
+        True, f"auto-sharded ({partitioned.ops_outside(auto_ops)})", auto_ops=auto_ops
+      )
     return RouteChoice(
       False,
       "manual throughout (shard_map over every mesh axis): the partitioner adds no collective",

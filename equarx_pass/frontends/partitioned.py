@@ -137,6 +137,24 @@ def rewrite_partitioned(lowered, policy: Policy, devices=None) -> PartitionedRew
   )
 
 
+def ops_outside(auto_ops) -> str:
+  """'12 ops outside shard_map, e.g. stablehlo.dot_general' (match.auto_sharded_ops')."""
+  n = len(auto_ops)
+  return f"{n} op{'s' if n != 1 else ''} outside shard_map, e.g. {auto_ops[0]}"
+
+
+def unseen_note(auto_ops, reach: str) -> str:
+  """The report's "not considered" line for a program with auto-sharded parts read on the
+  lowered route, and what reaches them ("" for a program manual throughout)."""
+  if not auto_ops:
+    return ""
+  return (
+    "the collectives XLA's SPMD partitioner inserts into the auto-sharded part "
+    f"({ops_outside(auto_ops)}) are not in this program and were not considered; "
+    f"reached by: {reach}"
+  )
+
+
 # The HLO opcodes of each kind of site (an async pair's start names its kind too).
 SITE_OPCODES = {
   SiteKind.ALL_REDUCE: b"all-reduce",
@@ -147,9 +165,9 @@ SITE_OPCODES = {
 
 def holds_collective(hlo_proto: bytes, ops) -> bool:
   """Whether the serialized HloModuleProto may hold a site: an all-reduce, or a collective
-  of the kinds `ops` names: its bytes hold the opcode's name (a proto stores each instruction's opcode as a
-  string).  A name or metadata that merely contains it can only say yes, and a yes
-  costs just the full read."""
+  of the kinds `ops` names: its bytes hold the opcode's name (a proto stores each
+  instruction's opcode as a string).  A name or metadata that merely contains it can only
+  say yes, and a yes costs just the full read."""
   # Every all-reduce is a site whatever `ops` says (match.find_sites): rewritten, taken as
   # a reduce-scatter with the slice after it, or listed as skipped.
   opcodes = {SITE_OPCODES[SiteKind.ALL_REDUCE]} | {SITE_OPCODES[SiteKind(op)] for op in ops}
