@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -88,28 +87,12 @@ def main() -> int:
     default=["int8", "int4", "identity"],
     help="the pass runs beside native (default all three)",
   )
-  parser.add_argument(
-    "--maxtext-arg",
-    action="append",
-    default=[],
-    metavar="KEY=VALUE",
-    help="one more MaxText argument for every run (repeat; overrides the tool's)",
-  )
-  parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
-  parser.add_argument("--work", default="/tmp/check_diloco", help="logs and metrics files")
-  parser.add_argument(
-    "--out", default=os.path.join(ROOT, "results", "maxtext_diloco.json"), help="result JSON"
+  check_maxtext.add_run_arguments(
+    parser, "/tmp/check_diloco", "maxtext_diloco.json", "logs and metrics files"
   )
   args = parser.parse_args()
   os.makedirs(args.work, exist_ok=True)
-  probe = subprocess.run(
-    [args.python, "-c", "import maxtext, jax, equarx_pass"], capture_output=True, text=True
-  )
-  if probe.returncode != 0:
-    sys.exit(
-      f"{args.python} cannot import maxtext, jax and equarx_pass (see docs/guides/maxtext.md):\n"
-      + probe.stderr[-1500:]
-    )
+  check_maxtext.check_environment(args.python)
 
   env = {
     "JAX_PLATFORMS": "cpu",

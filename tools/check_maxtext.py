@@ -485,6 +485,35 @@ def aot_table(rows: list[dict]) -> tuple[list[dict], list[str]]:
   return table_rows, columns
 
 
+def add_run_arguments(parser, work: str, result: str, work_help: str) -> None:
+  """The options of every MaxText run a tool makes: extra MaxText arguments, the time
+  limit, the work folder and the result file (under results/)."""
+  parser.add_argument(
+    "--maxtext-arg",
+    action="append",
+    default=[],
+    metavar="KEY=VALUE",
+    help="one more MaxText argument for every run (repeat; overrides the tool's)",
+  )
+  parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+  parser.add_argument("--work", default=work, help=work_help)
+  parser.add_argument("--out", default=os.path.join(ROOT, "results", result), help="result JSON")
+
+
+def check_environment(python: str) -> None:
+  """Exit with a clear message unless `python` imports MaxText, JAX and equarx_pass."""
+  probe = subprocess.run(
+    [python, "-c", "import maxtext, jax, equarx_pass; print(jax.__version__)"],
+    capture_output=True,
+    text=True,
+  )
+  if probe.returncode != 0:
+    sys.exit(
+      f"{python} cannot import maxtext, jax and equarx_pass (see docs/guides/maxtext.md):\n"
+      + probe.stderr[-1500:]
+    )
+
+
 def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--part", choices=("cpu", "aot", "all"), default="all")
@@ -528,30 +557,10 @@ def main() -> int:
     default=["native", "pass"],
     help="AOT: which compiles of each topology (default both)",
   )
-  parser.add_argument(
-    "--maxtext-arg",
-    action="append",
-    default=[],
-    metavar="KEY=VALUE",
-    help="one more MaxText argument for every run (repeat; overrides the tool's)",
-  )
-  parser.add_argument("--timeout", type=float, default=1800, help="seconds per run")
-  parser.add_argument("--work", default="/tmp/check_maxtext", help="logs, metrics, HLO texts")
-  parser.add_argument(
-    "--out", default=os.path.join(ROOT, "results", "maxtext_check.json"), help="result JSON"
-  )
+  add_run_arguments(parser, "/tmp/check_maxtext", "maxtext_check.json", "logs, metrics, HLO texts")
   args = parser.parse_args()
   os.makedirs(args.work, exist_ok=True)
-  probe = subprocess.run(
-    [args.python, "-c", "import maxtext, jax, equarx_pass; print(jax.__version__)"],
-    capture_output=True,
-    text=True,
-  )
-  if probe.returncode != 0:
-    sys.exit(
-      f"{args.python} cannot import maxtext, jax and equarx_pass (see docs/guides/maxtext.md):\n"
-      + probe.stderr[-1500:]
-    )
+  check_environment(args.python)
 
   sys.path.insert(0, HERE)
   import benchlib
